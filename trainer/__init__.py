@@ -1,0 +1,1 @@
+"""EvalForge's training core: policies and language models on megatron-core, the `trainer` CLI."""

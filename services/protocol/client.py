@@ -217,10 +217,10 @@ class PolicyClient:
                 return result
 
     def infer(self, obs: Observation | dict[str, Any], *, episode_id: str | None = None, step: int = 0,
-              stepwise: bool = False) -> ActionsReply:
-        """Ask for the action chunk for ``obs``."""
+              stepwise: bool = False, temperature: float = 0.0, seed: int | None = None) -> ActionsReply:
+        """Ask for the action chunk for ``obs`` (greedy unless ``temperature`` > 0)."""
         request = InferRequest(request_id=next(self._ids), obs=_as_observation(obs), episode_id=episode_id,
-                               step=step, stepwise=stepwise)
+                               step=step, stepwise=stepwise, temperature=temperature, seed=seed)
         return self._call(request.to_wire())
 
     def reset(self, episode_id: str | None = None) -> None:
@@ -368,10 +368,10 @@ class AsyncPolicyClient:
         raise AssertionError("unreachable")
 
     async def infer(self, obs: Observation | dict[str, Any], *, episode_id: str | None = None, step: int = 0,
-                    stepwise: bool = False) -> ActionsReply:
-        """Ask for the action chunk for ``obs``."""
+                    stepwise: bool = False, temperature: float = 0.0, seed: int | None = None) -> ActionsReply:
+        """Ask for the action chunk for ``obs`` (greedy unless ``temperature`` > 0)."""
         request = InferRequest(request_id=next(self._ids), obs=_as_observation(obs), episode_id=episode_id,
-                               step=step, stepwise=stepwise)
+                               step=step, stepwise=stepwise, temperature=temperature, seed=seed)
         return await self._call(request.to_wire())
 
     async def reset(self, episode_id: str | None = None) -> None:

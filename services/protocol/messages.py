@@ -34,6 +34,7 @@ __all__ = [
     "ErrorCode",
     "ErrorReply",
     "InferRequest",
+    "InvalidObservation",
     "Metadata",
     "Observation",
     "PingRequest",
@@ -72,6 +73,10 @@ class UnknownMessageType(ProtocolError):
     """A message whose ``type`` this side does not know."""
 
 
+class InvalidObservation(ProtocolError):
+    """A well-formed request whose observation is unusable (shape, dtype, NaN...)."""
+
+
 def _require(msg: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
     if key not in msg:
         raise ProtocolError(f"{what} is missing the '{key}' field")
@@ -100,27 +105,27 @@ class Observation:
     @classmethod
     def from_wire(cls, obs: Any) -> Observation:
         if not isinstance(obs, dict):
-            raise ProtocolError(f"'obs' must be a map, got {type(obs).__name__}")
+            raise InvalidObservation(f"'obs' must be a map, got {type(obs).__name__}")
         state = obs.get("state")
         if state is None:
-            raise ProtocolError("observation is missing the 'state' field")
+            raise InvalidObservation("observation is missing the 'state' field")
         if not isinstance(state, np.ndarray):
-            raise ProtocolError(f"observation field 'state' must be an array, got {type(state).__name__}")
+            raise InvalidObservation(f"observation field 'state' must be an array, got {type(state).__name__}")
         if state.dtype != np.float32 or state.ndim != 1:
-            raise ProtocolError(
+            raise InvalidObservation(
                 f"observation field 'state' must be float32 of shape [D], got {state.dtype} of shape {list(state.shape)}"
             )
         if not np.isfinite(state).all():
-            raise ProtocolError("observation field 'state' contains NaN or infinity")
+            raise InvalidObservation("observation field 'state' contains NaN or infinity")
         task = obs.get("task")
         if not isinstance(task, str):
-            raise ProtocolError(f"observation field 'task' must be a string, got {type(task).__name__}")
+            raise InvalidObservation(f"observation field 'task' must be a string, got {type(task).__name__}")
         images = obs.get("images") or {}
         if not isinstance(images, dict) or not all(
             isinstance(k, str) and isinstance(v, np.ndarray) and v.dtype == np.uint8 and v.ndim == 3
             for k, v in images.items()
         ):
-            raise ProtocolError("observation field 'images' must map camera names to uint8 arrays of shape [H, W, C]")
+            raise InvalidObservation("observation field 'images' must map camera names to uint8 arrays of shape [H, W, C]")
         return cls(state=state, task=task, images=images)
 
     def to_wire(self) -> dict[str, Any]:
@@ -191,6 +196,9 @@ class InferRequest:
     step: int = 0
     # Ask for one action row at a time, served from a server-side chunk cache.
     stepwise: bool = False
+    # Sampling: greedy (temperature 0) unless the request says otherwise.
+    temperature: float = 0.0
+    seed: int | None = None
 
     def to_wire(self) -> dict[str, Any]:
         wire = {
@@ -203,6 +211,10 @@ class InferRequest:
         }
         if self.stepwise:
             wire["stepwise"] = True
+        if self.temperature:
+            wire["temperature"] = self.temperature
+        if self.seed is not None:
+            wire["seed"] = self.seed
         return wire
 
 
@@ -291,14 +303,23 @@ def parse_request(msg: Any) -> Request:
         step = msg.get("step", 0)
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ProtocolError(f"{what} field 'step' must be a non-negative integer, got {step!r}")
+        temperature = msg.get("temperature", 0.0)
+        if not isinstance(temperature, int | float) or isinstance(temperature, bool) or not 0 <= temperature <= 2:
+            raise ProtocolError(f"{what} field 'temperature' must be a number in [0, 2], got {temperature!r}")
+        seed = msg.get("seed")
+        if seed is not None and (type(seed) is not int or seed < 0):
+            raise ProtocolError(f"{what} field 'seed' must be a non-negative integer, got {seed!r}")
+        request_id = _request_id(msg, what)
         if "obs" not in msg:
             raise ProtocolError(f"{what} is missing the 'obs' field")
         return InferRequest(
-            request_id=_request_id(msg, what),
+            request_id=request_id,
             obs=Observation.from_wire(msg["obs"]),
             episode_id=None if episode_id is None else str(episode_id),
             step=step,
             stepwise=bool(msg.get("stepwise", False)),
+            temperature=float(temperature),
+            seed=seed,
         )
     if kind == "reset":
         episode_id = msg.get("episode_id")

@@ -1,0 +1,385 @@
+"""The policy server: turns observations into action chunks over WebSocket and HTTP.
+
+``PolicyService`` does the work (validate, tokenize from policy.json, run the
+engine, de-tokenize, cache chunks per episode, count everything);
+``create_app`` wraps it in an ASGI app:
+
+- ``/ws`` and ``/``: WebSocket, metadata frame first, then msgpack requests. Each
+  request is handled as its own task, so one connection may have many in flight
+  and every request reaches the engine as it arrives.
+- ``POST /act``: one request per HTTP call, msgpack body (same frames as the
+  WebSocket) or JSON for convenience.
+- ``GET /healthz`` (alive), ``GET /readyz`` (model loaded and warmed up),
+  ``GET /metrics`` (Prometheus).
+
+Bad input gets an ``error`` reply with a code and a message naming the field —
+never a traceback — and the connection stays usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from services.policy_server.engines import Engine
+from services.policy_server.policy_format import PolicySpec
+from services.protocol.codec import DEFAULT_LIMITS, Limits, ProtocolError, packb, unpackb
+from services.protocol.messages import (
+    PROTOCOL_VERSION,
+    ActionsReply,
+    BareObservationRequest,
+    ErrorCode,
+    ErrorReply,
+    InferRequest,
+    InvalidObservation,
+    Metadata,
+    Observation,
+    PongReply,
+    ProtocolVersionMismatch,
+    ResetRequest,
+    UnknownMessageType,
+    parse_request,
+)
+
+log = logging.getLogger(__name__)
+
+MSGPACK = "application/msgpack"
+HTTP_STATUS = {
+    ErrorCode.OVERLOADED: 503,
+    ErrorCode.SHUTTING_DOWN: 503,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.UNKNOWN_TASK: 422,
+    ErrorCode.INVALID_OBSERVATION: 422,
+}
+
+
+_UNDECODED = object()
+
+
+class RequestError(Exception):
+    """A request this server refuses, with the code and message the client gets."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class PolicyMetrics:
+    """Prometheus metrics of one server, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        latency_buckets = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+        self.requests = Counter("evalforge_policy_requests_total", "Requests received, by type.", ["type"],
+                                registry=self.registry)
+        self.errors = Counter("evalforge_policy_errors_total", "Error replies sent, by code.", ["code"],
+                              registry=self.registry)
+        self.request_seconds = Histogram("evalforge_policy_request_seconds",
+                                         "End-to-end time of infer requests inside the server.",
+                                         buckets=latency_buckets, registry=self.registry)
+        self.engine_seconds = Histogram("evalforge_policy_engine_seconds", "Time spent in the inference engine.",
+                                        buckets=latency_buckets, registry=self.registry)
+        self.batch_size = Histogram("evalforge_policy_engine_batch_size",
+                                    "Requests running together in each engine step.",
+                                    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=self.registry)
+        self.connections = Gauge("evalforge_policy_open_connections", "Open WebSocket connections.",
+                                 registry=self.registry)
+        self.cached_actions = Counter("evalforge_policy_cached_actions_total",
+                                      "Stepwise actions served from the chunk cache.", registry=self.registry)
+
+
+class PolicyService:
+    """Everything the server does, independent of the transport."""
+
+    def __init__(self, spec: PolicySpec, engine: Engine, *, name: str | None = None,
+                 limits: Limits = DEFAULT_LIMITS, chunk_cache_episodes: int = 4096) -> None:
+        self.spec = spec
+        self.engine = engine
+        self.limits = limits
+        self.metrics = PolicyMetrics()
+        engine.on_batch = self.metrics.batch_size.observe
+        self.metadata = Metadata(
+            policy_name=name or spec.name,
+            checkpoint_sha256=spec.checkpoint_sha256,
+            state_dim=spec.state_dim,
+            action_dim=spec.action_dim,
+            chunk_size=spec.chunk_size,
+            tasks=tuple(spec.tasks),
+            extra={"engine": engine.name, "suite": spec.suite, "instructions":
+                   {t.name: t.instruction for t in spec.tasks.values()}},
+        )
+        self._metadata_frame = packb(self.metadata.to_wire())
+        self._ready = asyncio.Event()
+        self.draining = False
+        self.inflight = 0
+        self._chunks: OrderedDict[str, list[np.ndarray]] = OrderedDict()
+        self._chunk_cache_episodes = chunk_cache_episodes
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    async def start(self) -> None:
+        """Load the engine and warm it up; ``/readyz`` turns true after this."""
+        started = time.perf_counter()
+        await self.engine.start()
+        task = next(iter(self.spec.tasks))
+        state = ((self.spec.state_low + self.spec.state_high) / 2).astype(np.float32)
+        await self.engine.generate(self.spec.prompt_tokens(state, task))
+        self._ready.set()
+        log.info("policy %s ready on engine %s in %.1fs", self.metadata.policy_name, self.engine.name,
+                 time.perf_counter() - started)
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    def metadata_frame(self) -> bytes:
+        return self._metadata_frame
+
+    def check_observation(self, obs: Observation) -> None:
+        if obs.state.shape != (self.spec.state_dim,):
+            raise RequestError(ErrorCode.INVALID_OBSERVATION,
+                               f"observation field 'state' must have shape [{self.spec.state_dim}], "
+                               f"got {list(obs.state.shape)}")
+        if obs.task not in self.spec.tasks:
+            known = ", ".join(sorted(self.spec.tasks)[:10])
+            raise RequestError(ErrorCode.UNKNOWN_TASK,
+                               f"observation field 'task' is {obs.task[:80]!r}, which this policy was not trained "
+                               f"for; known tasks: {known}")
+
+    async def infer_chunk(self, obs: Observation, *, temperature: float = 0.0,
+                          seed: int | None = None) -> tuple[np.ndarray, dict[str, float]]:
+        """The action chunk for one observation, with the timing of the work."""
+        self.check_observation(obs)
+        if self.draining:
+            raise RequestError(ErrorCode.SHUTTING_DOWN, "the policy server is shutting down; retry elsewhere")
+        if not self.ready:
+            await self.wait_ready()
+        start = time.perf_counter()
+        tokens = await self.engine.generate(self.spec.prompt_tokens(obs.state, obs.task),
+                                            temperature=temperature, seed=seed)
+        engine_s = time.perf_counter() - start
+        self.metrics.engine_seconds.observe(engine_s)
+        return self.spec.decode_actions(tokens), {"engine_ms": engine_s * 1e3}
+
+    async def infer(self, request: InferRequest) -> ActionsReply:
+        if not request.stepwise:
+            actions, timing = await self.infer_chunk(request.obs, temperature=request.temperature, seed=request.seed)
+            return ActionsReply(request.request_id, actions, timing)
+        if request.episode_id is None:
+            raise RequestError(ErrorCode.BAD_REQUEST, "a stepwise infer request needs an 'episode_id'")
+        rows = self._chunks.get(request.episode_id)
+        if rows:
+            self.check_observation(request.obs)
+            self.metrics.cached_actions.inc()
+            return ActionsReply(request.request_id, rows.pop(0), {"engine_ms": 0.0, "cached": 1.0})
+        actions, timing = await self.infer_chunk(request.obs, temperature=request.temperature, seed=request.seed)
+        self._chunks[request.episode_id] = list(actions[1:])
+        self._chunks.move_to_end(request.episode_id)
+        while len(self._chunks) > self._chunk_cache_episodes:
+            self._chunks.popitem(last=False)
+        return ActionsReply(request.request_id, actions[0], timing)
+
+    def reset(self, request: ResetRequest) -> PongReply:
+        if request.episode_id is not None:
+            self._chunks.pop(request.episode_id, None)
+        return PongReply(request.request_id)
+
+    async def handle(self, frame: bytes | bytearray) -> tuple[bytes, ErrorCode | None]:
+        """Answer one binary frame; returns the reply frame and the error code, if any."""
+        self.inflight += 1
+        start = time.perf_counter()
+        request_id: Any = None
+        message: Any = _UNDECODED
+        try:
+            message = unpackb(frame, self.limits)
+            if isinstance(message, dict):
+                candidate = message.get("request_id")
+                request_id = candidate if isinstance(candidate, int | str) and not isinstance(candidate, bool) else None
+            request = parse_request(message)
+            if isinstance(request, InferRequest):
+                self.metrics.requests.labels("infer").inc()
+                reply = await self.infer(request)
+                self.metrics.request_seconds.observe(time.perf_counter() - start)
+                return packb(reply.to_wire()), None
+            if isinstance(request, BareObservationRequest):
+                self.metrics.requests.labels("bare").inc()
+                obs = self._bare_observation(request.obs)
+                actions, timing = await self.infer_chunk(obs)
+                self.metrics.request_seconds.observe(time.perf_counter() - start)
+                timing["infer_ms"] = (time.perf_counter() - start) * 1e3
+                return packb({"actions": actions, "server_timing": timing}), None
+            if isinstance(request, ResetRequest):
+                self.metrics.requests.labels("reset").inc()
+                return packb(self.reset(request).to_wire()), None
+            self.metrics.requests.labels("ping").inc()
+            return packb(PongReply(request.request_id).to_wire()), None
+        except RequestError as exc:
+            return self._error(request_id, exc.code, exc.message)
+        except ProtocolVersionMismatch as exc:
+            return self._error(request_id, ErrorCode.PROTOCOL_VERSION, f"{exc}; this server speaks {PROTOCOL_VERSION}")
+        except UnknownMessageType as exc:
+            return self._error(request_id, ErrorCode.UNKNOWN_TYPE, str(exc))
+        except InvalidObservation as exc:
+            return self._error(request_id, ErrorCode.INVALID_OBSERVATION, str(exc))
+        except ProtocolError as exc:
+            code = ErrorCode.BAD_FRAME if message is _UNDECODED else ErrorCode.BAD_REQUEST
+            return self._error(request_id, code, str(exc))
+        except Exception:
+            log.exception("internal error while answering request %r", request_id)
+            return self._error(request_id, ErrorCode.INTERNAL, "internal server error; see the server's log")
+        finally:
+            self.inflight -= 1
+
+    def _bare_observation(self, obs: dict[str, Any]) -> Observation:
+        """openpi-style requests name the instruction 'prompt'; accept it for 'task'."""
+        if "task" not in obs and isinstance(obs.get("prompt"), str):
+            obs = {**obs, "task": obs["prompt"]}
+        return Observation.from_wire(obs)
+
+    def _error(self, request_id: Any, code: ErrorCode, message: str) -> tuple[bytes, ErrorCode]:
+        self.metrics.errors.labels(str(code)).inc()
+        return packb(ErrorReply(request_id, code, message).to_wire()), code
+
+    def error_frame(self, code: ErrorCode, message: str) -> bytes:
+        return self._error(None, code, message)[0]
+
+
+def create_app(service: PolicyService, *, on_fatal: Callable[[BaseException], None] | None = None,
+               max_http_body: int | None = None) -> Starlette:
+    """The ASGI app; the engine starts in the background so /healthz answers at once."""
+    max_body = max_http_body or service.limits.max_frame_bytes
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        if service.ready and not service.draining:
+            return JSONResponse({"ready": True, "policy": service.metadata.policy_name})
+        return JSONResponse({"ready": False, "draining": service.draining}, status_code=503)
+
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def act(request: Request) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body:
+            return JSONResponse({"error": {"code": ErrorCode.BAD_FRAME,
+                                           "message": f"body of {length} bytes is over the {max_body}-byte cap"}},
+                                status_code=413)
+        body = await request.body()
+        if len(body) > max_body:
+            return JSONResponse({"error": {"code": ErrorCode.BAD_FRAME,
+                                           "message": f"body is over the {max_body}-byte cap"}}, status_code=413)
+        if request.headers.get("content-type", "").split(";")[0].strip() == "application/json":
+            return await _act_json(body)
+        reply, code = await service.handle(body)
+        return Response(reply, media_type=MSGPACK, status_code=HTTP_STATUS.get(code, 400) if code else 200)
+
+    async def _act_json(body: bytes) -> Response:
+        try:
+            payload = json.loads(body)
+            if not isinstance(payload, dict):
+                raise ValueError("the body must be a JSON object")
+            obs = payload.get("obs", payload)
+            state = obs.get("state") if isinstance(obs, dict) else None
+            if not isinstance(state, list) or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                       for v in state):
+                raise ValueError("'state' must be a list of numbers")
+            observation = Observation.from_wire({**obs, "state": np.asarray(state, dtype=np.float32)})
+            actions, timing = await service.infer_chunk(observation)
+        except (ValueError, InvalidObservation) as exc:
+            return _json_error(ErrorCode.INVALID_OBSERVATION if isinstance(exc, InvalidObservation)
+                               else ErrorCode.BAD_REQUEST, str(exc))
+        except RequestError as exc:
+            return _json_error(exc.code, exc.message)
+        return JSONResponse({"actions": actions.tolist(), "timing": timing})
+
+    def _json_error(code: ErrorCode, message: str) -> Response:
+        service.metrics.errors.labels(str(code)).inc()
+        return JSONResponse({"error": {"code": str(code), "message": message}},
+                            status_code=HTTP_STATUS.get(code, 400))
+
+    async def websocket(ws: WebSocket) -> None:
+        await ws.accept()
+        service.metrics.connections.inc()
+        send_lock = asyncio.Lock()
+        tasks: set[asyncio.Task] = set()
+
+        async def send(frame: bytes) -> None:
+            async with send_lock:
+                try:
+                    await ws.send_bytes(frame)
+                except (WebSocketDisconnect, RuntimeError):
+                    pass  # the client left; its reply has nowhere to go
+
+        async def respond(frame: bytes) -> None:
+            reply, _ = await service.handle(frame)
+            await send(reply)
+
+        try:
+            await service.wait_ready()
+            await ws.send_bytes(service.metadata_frame())
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                frame = message.get("bytes")
+                if frame is None:
+                    await send(service.error_frame(
+                        ErrorCode.BAD_FRAME, "text frames are not part of the protocol; send binary msgpack frames"))
+                    continue
+                task = asyncio.create_task(respond(frame))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            for task in tasks:
+                task.cancel()
+            service.metrics.connections.dec()
+
+    background: set[asyncio.Task] = set()
+
+    async def lifespan(app: Starlette):  # noqa: ANN202 - Starlette's lifespan protocol
+        async def start() -> None:
+            try:
+                await service.start()
+            except Exception as exc:
+                log.exception("policy engine failed to start")
+                if on_fatal is not None:
+                    on_fatal(exc)
+
+        task = asyncio.create_task(start())
+        background.add(task)
+        try:
+            yield
+        finally:
+            task.cancel()
+            await service.engine.close()
+
+    return Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+            Route("/act", act, methods=["POST"]),
+            WebSocketRoute("/ws", websocket),
+            WebSocketRoute("/", websocket),
+        ],
+        lifespan=lifespan,
+    )

@@ -1,0 +1,207 @@
+"""Inference engines behind the policy server: vLLM (default) and transformers.
+
+Both take prompt token ids and return exactly ``max_tokens`` generated ids, each
+restricted to the policy's action-token range; greedy unless a temperature is
+given.
+
+- ``VllmEngine``: one vLLM v1 ``AsyncLLM`` with ``skip_tokenizer_init``. Every
+  request is handed to the engine as soon as it arrives, from whichever
+  connection, so concurrent clients share batches (continuous batching).
+- ``HfEngine``: the same checkpoint in ``transformers``, one request at a time
+  with a KV cache: the reference for parity tests and for debugging, and the
+  design openpi's server uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from services.policy_server.policy_format import PolicySpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Knobs of the vLLM engine; defaults suit a small CPU host."""
+
+    dtype: str = "float32"  # float32 keeps vllm and hf bit-for-bit comparable on CPU
+    max_num_seqs: int = 256  # requests batched together at most
+    max_num_batched_tokens: int | None = None  # vLLM's default when None
+    enforce_eager: bool = True  # False enables torch.compile (slow start on small hosts)
+    kv_cache_gib: float = 1.0  # CPU KV-cache space (VLLM_CPU_KVCACHE_SPACE)
+    memory_utilization: float = 0.5  # fraction of host memory vLLM may claim at start on CPU
+    omp_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND; None keeps vLLM's "auto"
+    seed: int = 0
+
+
+class Engine(ABC):
+    """Generates action tokens for prompt token ids."""
+
+    name: str
+
+    def __init__(self, spec: PolicySpec) -> None:
+        self.spec = spec
+        self.on_batch: Callable[[int], None] | None = None  # told the batch size of each engine step
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Load the model; after this, ``generate`` works."""
+
+    @abstractmethod
+    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
+        """Exactly ``spec.max_tokens`` ids from the action range."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine's processes and memory."""
+
+
+class VllmEngine(Engine):
+    name = "vllm"
+
+    def __init__(self, spec: PolicySpec, settings: EngineSettings | None = None) -> None:
+        super().__init__(spec)
+        self.settings = settings or EngineSettings()
+        self._llm = None
+        self._ids = itertools.count()
+        self._prefix = uuid.uuid4().hex[:8]
+
+    async def start(self) -> None:
+        s = self.settings
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{s.kv_cache_gib:g}")
+        if s.omp_threads_bind is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = s.omp_threads_bind
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=str(self.spec.directory),
+            skip_tokenizer_init=True,
+            dtype=s.dtype,
+            max_model_len=self.spec.prompt_len + self.spec.max_tokens,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            enforce_eager=s.enforce_eager,
+            gpu_memory_utilization=s.memory_utilization,
+            seed=s.seed,
+            disable_log_stats=False,
+            enable_prefix_caching=False,
+        )
+        # Construction blocks for as long as the engine processes take to start;
+        # off the event loop, /healthz keeps answering meanwhile.
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
+                                            stat_loggers=[self._batch_logger_factory()])
+
+    def _batch_logger_factory(self) -> Callable:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        engine = self
+
+        class BatchSizeLogger(StatLoggerBase):
+            """Reports the number of running requests at every engine step."""
+
+            def __init__(self, vllm_config: object, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: object, iteration_stats: object, mm_cache_stats: object = None,
+                       engine_idx: int = 0) -> None:
+                running = getattr(scheduler_stats, "num_running_reqs", 0)
+                if running and engine.on_batch is not None:
+                    engine.on_batch(running)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return BatchSizeLogger
+
+    def sampling_params(self, temperature: float, seed: int | None) -> object:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        n = self.spec.max_tokens
+        return SamplingParams(
+            max_tokens=n,
+            min_tokens=n,
+            ignore_eos=True,
+            temperature=temperature,
+            seed=seed,
+            allowed_token_ids=self.spec.allowed_token_ids,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
+        assert self._llm is not None, "engine not started"
+        request_id = f"{self._prefix}-{next(self._ids)}"
+        final = None
+        async for output in self._llm.generate({"prompt_token_ids": prompt}, self.sampling_params(temperature, seed),
+                                               request_id=request_id):
+            final = output
+        assert final is not None
+        return list(final.outputs[0].token_ids)
+
+    async def close(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+
+class HfEngine(Engine):
+    name = "hf"
+
+    def __init__(self, spec: PolicySpec) -> None:
+        super().__init__(spec)
+        self._model = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self._model = await asyncio.to_thread(self._load)
+
+    def _load(self) -> object:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(self.spec.directory), dtype=torch.float32)
+        return model.eval()
+
+    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
+        async with self._lock:  # one request at a time, by design
+            if self.on_batch is not None:
+                self.on_batch(1)
+            return await asyncio.to_thread(self.generate_sync, prompt, temperature, seed)
+
+    def generate_sync(self, prompt: list[int], temperature: float = 0.0, seed: int | None = None) -> list[int]:
+        import torch
+
+        assert self._model is not None, "engine not started"
+        start, end = self.spec.action_range
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        tokens: list[int] = []
+        with torch.inference_mode():
+            out = self._model(torch.tensor([prompt]), use_cache=True)
+            for _ in range(self.spec.max_tokens):
+                logits = out.logits[0, -1, start:end].float()
+                if temperature > 0:
+                    probs = torch.softmax(logits / temperature, dim=-1)
+                    choice = int(torch.multinomial(probs, 1, generator=generator))
+                else:
+                    choice = int(torch.argmax(logits))
+                tokens.append(start + choice)
+                out = self._model(torch.tensor([[start + choice]]), past_key_values=out.past_key_values,
+                                  use_cache=True)
+        return tokens
+
+
+def make_engine(kind: str, spec: PolicySpec, settings: EngineSettings | None = None) -> Engine:
+    if kind == "vllm":
+        return VllmEngine(spec, settings)
+    if kind == "hf":
+        return HfEngine(spec)
+    raise ValueError(f"unknown engine {kind!r}; choose vllm or hf")

