@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 VENV=.venv
 STAMP=$VENV/.evalforge-setup
 PYTHON=${PYTHON:-python3.11}
-inputs_hash=$(cat pyproject.toml scripts/setup.sh scripts/install_vllm_cpu.py | sha256sum | cut -d' ' -f1)
+inputs_hash=$(cat pyproject.toml setup.py services/protocol/_speedups.c scripts/setup.sh scripts/install_vllm_cpu.py | sha256sum | cut -d' ' -f1)
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$inputs_hash" ]; then
   echo "setup: .venv is up to date"

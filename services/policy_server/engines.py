@@ -137,6 +137,12 @@ class VllmEngine(Engine):
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
+    @property
+    def llm(self) -> object:
+        """The underlying vLLM ``AsyncLLM`` (for benchmarks that drive it directly)."""
+        assert self._llm is not None, "engine not started"
+        return self._llm
+
     async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
         assert self._llm is not None, "engine not started"
         request_id = f"{self._prefix}-{next(self._ids)}"

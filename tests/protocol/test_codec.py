@@ -1,8 +1,14 @@
-"""Codec: round trips, openpi interoperability, and refusal of every malformed frame."""
+"""Codec: round trips, openpi interoperability, and refusal of every malformed frame.
+
+Every test runs twice: with the C accelerator (``_speedups``) and with the pure
+Python functions it falls back to, which are the reference. The tests at the end
+compare the two directly.
+"""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import msgpack
 import numpy as np
@@ -11,7 +17,46 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from services.protocol import codec
 from services.protocol.codec import Limits, ProtocolError, packb, unpackb
+
+PURE_REQUESTED = os.environ.get("EVALFORGE_PURE_PYTHON_CODEC") == "1"
+
+# (object_hook, default, check_tree) for each implementation packb/unpackb can use.
+IMPLEMENTATIONS = {"pure": (codec._object_hook, codec._encode_default, codec._check_tree)}
+if codec.ACCELERATED:
+    IMPLEMENTATIONS["accelerated"] = (
+        codec._speedups.object_hook, codec._speedups.encode_default, codec._speedups.check_tree,
+    )
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    hook, default, check_tree = IMPLEMENTATIONS[name]
+    monkeypatch.setattr(codec, "_OBJECT_HOOK", hook)
+    monkeypatch.setattr(codec, "_DEFAULT", default)
+    monkeypatch.setattr(codec, "_CHECK_TREE", check_tree)
+
+
+# Module scope: hypothesis refuses function-scoped fixtures around @given tests.
+@pytest.fixture(scope="module", autouse=True, params=["accelerated", "pure"])
+def implementation(request):
+    if request.param not in IMPLEMENTATIONS:
+        pytest.skip("C accelerator not in use (EVALFORGE_PURE_PYTHON_CODEC=1, or not built: "
+                    "see test_accelerator_is_built_and_in_use)")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        _use(monkeypatch, request.param)
+        yield request.param
+
+
+# Runs once (under the pure parameter, so that it runs, and fails, where nothing was built).
+@pytest.mark.parametrize("implementation", ["pure"], indirect=True)
+def test_accelerator_is_built_and_in_use():
+    if PURE_REQUESTED:
+        pytest.skip("EVALFORGE_PURE_PYTHON_CODEC=1 turns the C accelerator off")
+    from services.protocol import _speedups  # ImportError: `pip install -e .` did not build it
+
+    assert codec.ACCELERATED
+    assert codec._speedups is _speedups
 
 # openpi's own msgpack_numpy, reproduced from its published behaviour, to prove
 # that frames cross between the two implementations in both directions.
@@ -188,3 +233,165 @@ def test_mutated_valid_frames_decode_or_raise_protocol_error(data):
         unpackb(bytes(frame[:cut]))
     except ProtocolError:
         pass
+
+
+# The accelerator against the reference: same bytes out, same values or the same
+# error back. These switch implementation themselves, so they run once.
+
+
+def needs_accelerator(test):
+    test = pytest.mark.parametrize("implementation", ["accelerated"], indirect=True)(test)
+    return pytest.mark.skipif(not codec.ACCELERATED, reason="C accelerator not in use")(test)
+
+
+def _outcome(fn, *args):
+    try:
+        return "ok", fn(*args)
+    except Exception as exc:  # the exception is the outcome being compared
+        return type(exc), str(exc)
+
+
+def _both(fn, *args):
+    outcomes = {}
+    for name in ("accelerated", "pure"):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            _use(monkeypatch, name)
+            outcomes[name] = _outcome(fn, *args)
+    return outcomes["accelerated"], outcomes["pure"]
+
+
+def _assert_same(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, np.ndarray):
+        assert (a.dtype, a.shape, a.flags.writeable, a.flags.c_contiguous, a.flags.aligned) == (
+            b.dtype, b.shape, b.flags.writeable, b.flags.c_contiguous, b.flags.aligned)
+        assert a.tobytes() == b.tobytes()
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for key in a:
+            _assert_same(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _assert_same(x, y)
+    else:
+        assert a == b or (a != a and b != b)  # NaN scalars
+
+
+def _assert_same_outcome(fn, *args):
+    (kind_a, a), (kind_b, b) = _both(fn, *args)
+    assert kind_a == kind_b, (a, b)
+    _assert_same(a, b)
+
+
+@needs_accelerator
+@settings(max_examples=300, deadline=None)
+@given(hnp.arrays(dtype=_dtype_strategy(), shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=6)),
+       st.sampled_from(["plain", "transposed", "large"]))
+def test_accelerated_and_pure_encoders_write_the_same_bytes(arr, layout):
+    if layout == "transposed":
+        arr = arr.T
+    elif layout == "large":  # over the zero-copy threshold: packed from a memoryview
+        arr = np.resize(arr, (codec._ZERO_COPY_ENCODE_BYTES // max(arr.itemsize, 1) + 3,))
+    (kind_a, a), (kind_b, b) = _both(packb, {"x": arr, "s": arr.dtype.type(0) if arr.size else 1})
+    assert kind_a == kind_b == "ok"
+    assert a == b
+
+
+@needs_accelerator
+@settings(max_examples=1000, deadline=None)
+@given(st.data())
+def test_accelerated_and_pure_decoders_agree_on_mutated_frames(data):
+    obs = {"state": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.int16(3), "t": [{"k": "v"}, [1]]}
+    frame = bytearray(packb({"type": "infer", "request_id": 7, "obs": obs}))
+    for _ in range(data.draw(st.integers(1, 4))):
+        frame[data.draw(st.integers(0, len(frame) - 1))] = data.draw(st.integers(0, 255))
+    frame = bytes(frame[: data.draw(st.integers(1, len(frame)))])
+    _assert_same_outcome(unpackb, frame)
+    _assert_same_outcome(unpackb, frame, Limits(max_depth=2, max_container_len=3))
+
+
+ODD_MAPS = {
+    "text keys": {"__ndarray__": True, "data": b"\x00" * 4, "dtype": "<f4", "shape": [1]},
+    "both markers": {b"__ndarray__": True, b"__npgeneric__": True, b"data": b"\x00" * 4, b"dtype": "<f4", b"shape": [1]},
+    "text generic marker": {"__npgeneric__": True, "data": 3, "dtype": "<i4"},
+    "generic": {b"__npgeneric__": True, b"data": 3, b"dtype": "<i8"},
+    "bool in shape": {b"__ndarray__": True, b"data": b"\x00" * 4, b"dtype": "<f4", b"shape": [True]},
+    "tuple shape": {b"__ndarray__": True, b"data": b"\x00" * 8, b"dtype": "<f4", b"shape": (2,)},
+    "shape overflows": {b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [2**62, 2**62, 0]},
+    "shape overflows int64": {b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [2**70, 0]},
+    "huge but empty": {b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [2**40, 0]},
+    "too big but empty": {b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [2**61, 0]},
+    "33 dims": {b"__ndarray__": True, b"data": b"\x00" * 4, b"dtype": "<f4", b"shape": [1] * 33},
+    "32 dims": {b"__ndarray__": True, b"data": b"\x00" * 4, b"dtype": "<f4", b"shape": [1] * 32},
+    "0-d": {b"__ndarray__": True, b"data": b"\x00" * 8, b"dtype": "<f8", b"shape": []},
+    "empty": {b"__ndarray__": True, b"data": b"", b"dtype": "<u2", b"shape": [3, 0]},
+    "big-endian": {b"__ndarray__": True, b"data": b"\x00\x01" * 6, b"dtype": ">i2", b"shape": [2, 3]},
+    "data is None": {b"__ndarray__": True, b"data": None, b"dtype": "<f4", b"shape": [1], "data": b"\x00" * 4},
+    "bytearray data": {b"__ndarray__": True, b"data": bytearray(4), b"dtype": "<f4", b"shape": [1]},
+    "unseen dtype": {b"__ndarray__": True, b"data": b"\x00" * 8, b"dtype": "<u8", b"shape": [1]},
+    "non-string key": {1: 2, b"__ndarray__": True},
+    "plain": {"a": 1, b"b": 2},
+    "similar keys": {b"__ndarray_": 1, "__npgeneri__": 2, b"dat": 3},
+}
+
+
+@needs_accelerator
+@pytest.mark.parametrize("name", list(ODD_MAPS))
+def test_accelerated_object_hook_matches_python_on_odd_maps(name):
+    obj = ODD_MAPS[name]
+    for _ in range(2):  # the second time, any dtype the first accepted is cached
+        a = _outcome(codec._speedups.object_hook, dict(obj))
+        b = _outcome(codec._object_hook, dict(obj))
+        assert a[0] == b[0], (a, b)
+        _assert_same(a[1], b[1])
+
+
+@needs_accelerator
+@pytest.mark.parametrize("tree, max_depth", [
+    ([[msgpack.Timestamp(1, 0)], [[[1]]]], 3),  # too deep is found first (children last-first)
+    ([[[[1]]], [msgpack.Timestamp(1, 0)]], 3),
+    ({"a": [[[1]]], "b": msgpack.Timestamp(1, 0)}, 3),  # a node's own values are scanned first
+    ({"a": [[1]], "b": {"c": [2]}}, 3),
+    ([[]], 1),
+    ([[]], 0),
+    ([1], -1),
+    ([[[1]]], 2000),  # over the C cap: the Python walk
+    ("not a container", 3),
+    ([1], 2**80),
+    ([1], 3.0),
+    ([np.zeros(3)], 1),
+])
+def test_accelerated_check_tree_matches_python(tree, max_depth):
+    a = _outcome(codec._speedups.check_tree, tree, max_depth)
+    b = _outcome(codec._check_tree, tree, max_depth)
+    assert a == b
+
+
+@needs_accelerator
+def test_accelerated_encoder_defers_everything_unusual_to_python():
+    class Sub(np.ndarray):
+        pass
+
+    cases = [np.float32(1.5), np.arange(6, dtype=np.int32).reshape(2, 3).T, np.zeros(3).view(Sub),
+             np.zeros(2, np.complex64), object(), np.zeros((0, 5), ">f8")]
+    for obj in cases:
+        a, b = _outcome(codec._speedups.encode_default, obj), _outcome(codec._encode_default, obj)
+        assert a[0] == b[0], (a, b)
+        if a[0] == "ok":
+            a, b = a[1], b[1]
+            assert list(a) == list(b)
+            for key in a:
+                assert (bytes(a[key]) if isinstance(a[key], memoryview) else a[key]) == (
+                    bytes(b[key]) if isinstance(b[key], memoryview) else b[key])
+
+
+@needs_accelerator
+def test_accelerated_encoder_keeps_large_arrays_alive_through_its_memoryview():
+    arr = np.arange(codec._ZERO_COPY_ENCODE_BYTES, dtype=np.float64).reshape(-1, 8)
+    expected = arr.tobytes()
+    codec._encode_default(arr)  # caches the dtype string
+    view = codec._speedups.encode_default(arr)[b"data"]
+    del arr
+    assert (view.format, view.ndim, view.readonly) == ("B", 1, True)
+    assert bytes(view) == expected

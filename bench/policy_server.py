@@ -1,0 +1,244 @@
+"""Policy-server benchmark: our server against the raw vLLM engine and a one-at-a-time server.
+
+For two policy sizes (about 1 M and 25 M parameters; 39-dim state, 4-dim actions,
+chunk 4) and 1, 8, 32 and 64 concurrent clients, in one run:
+
+- raw: vLLM ``AsyncLLM`` driven directly in this process, same prompts and
+  sampling parameters — the ceiling;
+- server: ``policy-server`` (vLLM engine) over WebSocket, one connection per client;
+- one-at-a-time: ``policy-server --engine hf`` over WebSocket, the openpi design.
+
+Each cell runs closed-loop clients for ``--seconds`` and reports requests/s,
+actions/s (requests × chunk) and p50/p99 latency. ``--sweep`` also measures what
+the engine settings change (thread binding, KV-cache space, compilation, max
+batched tokens) on the raw engine at 32 in flight.
+
+    .venv/bin/python bench/policy_server.py [--seconds 5] [--sizes 1m,25m] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from services.policy_server.engines import EngineSettings, VllmEngine  # noqa: E402
+from services.policy_server.policy_format import load_policy_spec  # noqa: E402
+from services.protocol.client import AsyncPolicyClient, ClientSettings  # noqa: E402
+from trainer.cli import main as trainer_main  # noqa: E402
+
+CONCURRENCY = (1, 8, 32, 64)
+STATE_DIM, ACTION_DIM, CHUNK = 39, 4, 4
+TASKS = "reach-v3,push-v3,pick-place-v3"
+
+
+@dataclass
+class Cell:
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+
+    @property
+    def actions_per_s(self) -> float:
+        return self.requests_per_s * CHUNK
+
+
+def _summary(latencies: list[float], elapsed: float) -> Cell:
+    lat = np.asarray(latencies) * 1e3
+    return Cell(len(lat) / elapsed, float(np.percentile(lat, 50)), float(np.percentile(lat, 99)))
+
+
+def _states(n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.uniform(-1, 1, STATE_DIM).astype(np.float32) for _ in range(n)]
+
+
+async def _closed_loop(worker, concurrency: int, seconds: float) -> Cell:
+    """Run ``concurrency`` loops of ``worker(i)`` for ``seconds`` after a short warm-up."""
+    latencies: list[float] = []
+    stop_at = 0.0
+    warm_until = time.perf_counter() + min(1.0, seconds / 4)
+
+    async def loop(i: int) -> None:
+        while True:
+            start = time.perf_counter()
+            if start >= stop_at and stop_at:
+                return
+            await worker(i)
+            end = time.perf_counter()
+            if start >= warm_until and end <= stop_at:
+                latencies.append(end - start)
+
+    stop_at = warm_until + seconds
+    await asyncio.gather(*(loop(i) for i in range(concurrency)))
+    return _summary(latencies, seconds)
+
+
+async def bench_raw(checkpoint: Path, seconds: float, settings: EngineSettings,
+                    concurrency: tuple[int, ...] = CONCURRENCY) -> dict[int, Cell]:
+    spec = load_policy_spec(checkpoint)
+    engine = VllmEngine(spec, settings)
+    await engine.start()
+    llm = engine.llm
+    prompts = [spec.prompt_tokens(s, spec_task) for s, spec_task in zip(_states(256), list(spec.tasks) * 100)]
+    counter = iter(range(10**9))
+
+    async def worker(i: int) -> None:
+        params = engine.sampling_params(0.0, None)
+        async for _ in llm.generate({"prompt_token_ids": prompts[i % len(prompts)]}, params,
+                                    request_id=f"raw-{next(counter)}"):
+            pass
+
+    try:
+        await worker(0)
+        return {c: await _closed_loop(worker, c, seconds) for c in concurrency}
+    finally:
+        await engine.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start_server(checkpoint: Path, *args: str) -> tuple[subprocess.Popen, int]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "services.policy_server", "--checkpoint", str(checkpoint),
+                             "--port", str(port), "--log-level", "warning", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"policy-server {args} exited with {proc.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("policy-server did not become ready")
+
+
+async def bench_server(checkpoint: Path, seconds: float, *args: str) -> dict[int, Cell]:
+    proc, port = _start_server(checkpoint, *args)
+    tasks = TASKS.split(",")
+    states = _states(256)
+    try:
+        results = {}
+        for concurrency in CONCURRENCY:
+            clients = [AsyncPolicyClient(f"ws://127.0.0.1:{port}/ws", ClientSettings(call_timeout_s=300))
+                       for _ in range(concurrency)]
+            await asyncio.gather(*(c.connect() for c in clients))
+
+            async def worker(i: int, clients: list = clients) -> None:
+                await clients[i].infer({"state": states[i % len(states)], "task": tasks[i % len(tasks)]})
+
+            results[concurrency] = await _closed_loop(worker, concurrency, seconds)
+            await asyncio.gather(*(c.close() for c in clients))
+        return results
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def make_checkpoints(root: Path, sizes: list[str]) -> dict[str, Path]:
+    out = {}
+    for size in sizes:
+        out[size] = root / f"policy-{size}"
+        if not (out[size] / "policy.json").exists():
+            trainer_main(["init-policy", "--out", str(out[size]), "--state-dim", str(STATE_DIM), "--action-dim",
+                          str(ACTION_DIM), "--tasks", TASKS, "--chunk-size", str(CHUNK), "--preset", size,
+                          "--force"])
+    return out
+
+
+SWEEP = {
+    "defaults (eager, auto bind, 1 GiB KV)": {},
+    "threads: nobind": {"omp_threads_bind": "nobind"},
+    "KV cache 0.25 GiB": {"kv_cache_gib": 0.25},
+    "KV cache 4 GiB": {"kv_cache_gib": 4.0},
+    "max batched tokens 512": {"max_num_batched_tokens": 512},
+    "torch.compile": {"enforce_eager": False},
+}
+
+
+async def sweep(checkpoint: Path, seconds: float) -> None:
+    print("\n# engine settings, raw engine, 25 M policy unless noted, 32 in flight")
+    print("| setting | req/s | p50 ms | p99 ms |")
+    print("|---|---:|---:|---:|")
+    for name, change in SWEEP.items():
+        # Each variant needs a fresh process: vLLM reads its CPU settings once at start.
+        code = (f"import asyncio, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                f"from policy_server import *; "
+                f"r = asyncio.run(bench_raw(Path({str(checkpoint)!r}), {seconds}, "
+                f"replace(EngineSettings(), **{change!r}), (32,)))[32]; "
+                f"print(r.requests_per_s, r.p50_ms, r.p99_ms)")
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+        try:
+            rps, p50, p99 = map(float, out.stdout.strip().splitlines()[-1].split())
+            print(f"| {name} | {rps:.1f} | {p50:.1f} | {p99:.1f} |", flush=True)
+        except (ValueError, IndexError):
+            print(f"| {name} | failed: {out.stderr.strip().splitlines()[-1][:80] if out.stderr else '?'} | | |")
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per cell")
+    parser.add_argument("--sizes", default="1m,25m")
+    parser.add_argument("--sweep", action="store_true", help="also measure engine settings")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "evalforge-bench-policy")
+    args = parser.parse_args()
+    sizes = args.sizes.split(",")
+    checkpoints = make_checkpoints(args.workdir, sizes)
+
+    print(f"# policy server — {platform.machine()}, {os.cpu_count()} cores, {args.seconds:g} s per cell")
+    print("| policy | clients | raw req/s | raw p50/p99 ms | server req/s | server actions/s | server p50/p99 ms "
+          "| server / raw | one-at-a-time req/s | one-at-a-time p50/p99 ms | server / one-at-a-time |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    verdicts = []
+    for size, checkpoint in checkpoints.items():
+        raw = await bench_raw(checkpoint, args.seconds, EngineSettings())
+        server = await bench_server(checkpoint, args.seconds)
+        hf = await bench_server(checkpoint, args.seconds, "--engine", "hf")
+        for c in CONCURRENCY:
+            r, s, h = raw[c], server[c], hf[c]
+            print(f"| {size} | {c} | {r.requests_per_s:.1f} | {r.p50_ms:.1f} / {r.p99_ms:.1f} | "
+                  f"{s.requests_per_s:.1f} | {s.actions_per_s:.0f} | {s.p50_ms:.1f} / {s.p99_ms:.1f} | "
+                  f"{s.requests_per_s / r.requests_per_s:.0%} | {h.requests_per_s:.1f} | "
+                  f"{h.p50_ms:.1f} / {h.p99_ms:.1f} | {s.requests_per_s / h.requests_per_s:.2f}× |", flush=True)
+        worst = min(server[c].requests_per_s / raw[c].requests_per_s for c in CONCURRENCY)
+        verdicts.append((f"{size}: server ≥ 90% of raw at every concurrency", f"worst {worst:.0%}", worst >= 0.9))
+        gap = server[1].p50_ms - raw[1].p50_ms
+        verdicts.append((f"{size}: 1-client p50 within 2 ms of raw", f"+{gap:.2f} ms", gap <= 2.0))
+        verdicts.append((f"{size}: 1-client p50 vs one-at-a-time", f"{server[1].p50_ms:.1f} vs {hf[1].p50_ms:.1f} ms",
+                         None))
+        if size == "25m":
+            ratio = server[32].requests_per_s / hf[32].requests_per_s
+            verdicts.append(("25m: server ≥ 1.5× one-at-a-time at 32 clients", f"{ratio:.2f}×", ratio >= 1.5))
+    print("\n| target | measured | met |")
+    print("|---|---:|:-:|")
+    for name, value, met in verdicts:
+        print(f"| {name} | {value} | {'—' if met is None else 'yes' if met else 'NO'} |")
+    if args.sweep:
+        await sweep(checkpoints.get("25m", next(iter(checkpoints.values()))), args.seconds)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
