@@ -20,14 +20,18 @@ Anything wrong raises ``ProtocolError`` naming the problem. Decoded arrays are
 read-only views over the buffer msgpack's C unpacker produced for the frame: no
 per-array copy is made, as in openpi.
 
-An optional C extension, ``_speedups``, takes over the common cases of the msgpack
-callbacks and the tree check when it is built (``ACCELERATED`` says so;
-``EVALFORGE_PURE_PYTHON_CODEC=1`` turns it off). The Python code here stays the
-reference: the extension hands everything unusual or wrong back to it.
+An optional C extension, ``_speedups``, takes over the common cases of ``packb``,
+``unpackb``, the msgpack callbacks and the tree check when it is built
+(``ACCELERATED`` says so; ``EVALFORGE_PURE_PYTHON_CODEC=1`` turns it off). The
+module-level ``packb`` and ``unpackb`` are then its functions, with the same
+signatures and docstrings; the Python ones stay here as ``_py_packb`` and
+``_py_unpackb``. The Python code stays the reference: the extension hands
+everything unusual or wrong back to it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from math import prod
@@ -244,6 +248,10 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 
 # The implementations packb and unpackb use: these Python functions, or the C fast
 # paths of the optional _speedups extension, which defer to them for anything else.
+# With the extension, packb and unpackb themselves are its functions (which use its
+# callbacks directly, not the names below); the Python ones are kept under these names.
+_py_packb = packb
+_py_unpackb = unpackb
 _OBJECT_HOOK = _object_hook
 _DEFAULT = _encode_default
 _CHECK_TREE = _check_tree
@@ -259,14 +267,28 @@ if os.environ.get("EVALFORGE_PURE_PYTHON_CODEC") != "1":
             object_hook=_object_hook,
             encode_default=_encode_default,
             check_tree=_check_tree,
+            packb=_py_packb,
+            unpackb=_py_unpackb,
             dtype_cache=_DTYPE_CACHE,
             encode_cache=_ENCODE_DTYPE_STR,
             protocol_error=ProtocolError,
             timestamp_type=msgpack.Timestamp,
             zero_copy_bytes=_ZERO_COPY_ENCODE_BYTES,
             max_ndim=MAX_NDIM,
+            # What _py_packb and _py_unpackb call and catch, for the C versions to do the same.
+            packer_type=msgpack.Packer,
+            msgpack_unpackb=msgpack.unpackb,
+            extra_data=msgpack.ExtraData,
+            malformed_errors=(ValueError, TypeError, OverflowError, RecursionError, msgpack.UnpackException),
+            refuse_ext=_refuse_ext,
+            limits_type=Limits,
+            default_limits=DEFAULT_LIMITS,
         )
         _OBJECT_HOOK = _speedups.object_hook
         _DEFAULT = _speedups.encode_default
         _CHECK_TREE = _speedups.check_tree
+        # The C versions of the functions above, dressed as them: same __doc__, __name__,
+        # and (through __wrapped__) the same inspect.signature().
+        packb = functools.update_wrapper(_speedups.packb, _py_packb)  # noqa: F811
+        unpackb = functools.update_wrapper(_speedups.unpackb, _py_unpackb)  # noqa: F811
         ACCELERATED = True

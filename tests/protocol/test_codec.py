@@ -8,7 +8,10 @@ compare the two directly.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
+import sys
+import threading
 
 import msgpack
 import numpy as np
@@ -18,23 +21,27 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from services.protocol import codec
-from services.protocol.codec import Limits, ProtocolError, packb, unpackb
+from services.protocol.codec import Limits, ProtocolError
 
 PURE_REQUESTED = os.environ.get("EVALFORGE_PURE_PYTHON_CODEC") == "1"
 
-# (object_hook, default, check_tree) for each implementation packb/unpackb can use.
-IMPLEMENTATIONS = {"pure": (codec._object_hook, codec._encode_default, codec._check_tree)}
+# The codec's attributes for each implementation: the entry points packb and unpackb,
+# and the callbacks the Python entry points use. The tests call codec.packb and
+# codec.unpackb (never names imported from codec) so that the fixture's swap reaches them.
+IMPLEMENTATIONS = {"pure": {"packb": codec._py_packb, "unpackb": codec._py_unpackb,
+                            "_OBJECT_HOOK": codec._object_hook, "_DEFAULT": codec._encode_default,
+                            "_CHECK_TREE": codec._check_tree}}
 if codec.ACCELERATED:
-    IMPLEMENTATIONS["accelerated"] = (
-        codec._speedups.object_hook, codec._speedups.encode_default, codec._speedups.check_tree,
-    )
+    IMPLEMENTATIONS["accelerated"] = {
+        "packb": codec._speedups.packb, "unpackb": codec._speedups.unpackb,
+        "_OBJECT_HOOK": codec._speedups.object_hook, "_DEFAULT": codec._speedups.encode_default,
+        "_CHECK_TREE": codec._speedups.check_tree,
+    }
 
 
 def _use(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    hook, default, check_tree = IMPLEMENTATIONS[name]
-    monkeypatch.setattr(codec, "_OBJECT_HOOK", hook)
-    monkeypatch.setattr(codec, "_DEFAULT", default)
-    monkeypatch.setattr(codec, "_CHECK_TREE", check_tree)
+    for attribute, implementation in IMPLEMENTATIONS[name].items():
+        monkeypatch.setattr(codec, attribute, implementation)
 
 
 # Module scope: hypothesis refuses function-scoped fixtures around @given tests.
@@ -57,6 +64,12 @@ def test_accelerator_is_built_and_in_use():
 
     assert codec.ACCELERATED
     assert codec._speedups is _speedups
+    # What importers of the codec got (the fixture swaps only codec's own names, and
+    # the package imported them from codec before any test ran).
+    from services import protocol
+
+    assert protocol.packb is _speedups.packb
+    assert protocol.unpackb is _speedups.unpackb
 
 # openpi's own msgpack_numpy, reproduced from its published behaviour, to prove
 # that frames cross between the two implementations in both directions.
@@ -101,7 +114,7 @@ def _dtype_strategy():
 @settings(max_examples=300, deadline=None)
 @given(hnp.arrays(dtype=_dtype_strategy(), shape=hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=6)))
 def test_every_supported_dtype_and_shape_round_trips(arr):
-    out = unpackb(packb({"x": arr}))["x"]
+    out = codec.unpackb(codec.packb({"x": arr}))["x"]
     assert out.dtype == arr.dtype
     assert out.shape == arr.shape
     np.testing.assert_array_equal(out, arr)
@@ -110,28 +123,28 @@ def test_every_supported_dtype_and_shape_round_trips(arr):
 @settings(max_examples=100, deadline=None)
 @given(hnp.arrays(dtype=st.sampled_from([np.float32, np.uint8, np.int64]), shape=hnp.array_shapes(max_dims=3)))
 def test_frames_cross_between_openpi_and_us_in_both_directions(arr):
-    np.testing.assert_array_equal(openpi_unpackb(packb({"a": arr}))["a"], arr)
-    np.testing.assert_array_equal(unpackb(openpi_packb({"a": arr}))["a"], arr)
+    np.testing.assert_array_equal(openpi_unpackb(codec.packb({"a": arr}))["a"], arr)
+    np.testing.assert_array_equal(codec.unpackb(openpi_packb({"a": arr}))["a"], arr)
 
 
 def test_numpy_scalars_round_trip_with_their_dtype():
     for value in [np.float32(1.5), np.int64(-3), np.uint8(200), np.bool_(True), np.float16(0.5)]:
-        out = unpackb(packb({"v": value}))["v"]
+        out = codec.unpackb(codec.packb({"v": value}))["v"]
         assert type(out) is type(value) and out == value
-        assert unpackb(openpi_packb({"v": value}))["v"] == value
+        assert codec.unpackb(openpi_packb({"v": value}))["v"] == value
     # np.float64 subclasses Python's float, so msgpack sends it as a plain float (openpi too).
-    assert unpackb(packb(np.float64(2.25))) == 2.25
+    assert codec.unpackb(codec.packb(np.float64(2.25))) == 2.25
 
 
 def test_non_contiguous_arrays_are_sent_as_their_logical_contents():
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
     for view in (base.T, base[:, ::2], base[::-1]):
-        np.testing.assert_array_equal(unpackb(packb(view)), view)
+        np.testing.assert_array_equal(codec.unpackb(codec.packb(view)), view)
 
 
 def test_decoded_arrays_are_read_only_views_not_copies():
     arr = np.arange(1000, dtype=np.float32)
-    out = unpackb(packb({"a": arr}))["a"]
+    out = codec.unpackb(codec.packb({"a": arr}))["a"]
     assert not out.flags.writeable
     assert not out.flags.owndata
     assert isinstance(out.base, bytes)
@@ -139,18 +152,18 @@ def test_decoded_arrays_are_read_only_views_not_copies():
 
 def test_text_keyed_array_maps_are_accepted_for_other_languages():
     frame = msgpack.packb({"__ndarray__": True, "data": b"\x01\x00\x02\x00", "dtype": "<u2", "shape": [2]})
-    np.testing.assert_array_equal(unpackb(frame), np.array([1, 2], dtype=np.uint16))
+    np.testing.assert_array_equal(codec.unpackb(frame), np.array([1, 2], dtype=np.uint16))
 
 
 @pytest.mark.parametrize("dtype", [np.complex64, object, np.dtype([("a", "<f4")]), np.dtype("V8")])
 def test_encoder_refuses_object_void_and_complex_dtypes(dtype):
     with pytest.raises(TypeError, match="refused"):
-        packb(np.zeros(2, dtype=dtype))
+        codec.packb(np.zeros(2, dtype=dtype))
 
 
 def test_encoder_refuses_unknown_python_objects():
     with pytest.raises(TypeError, match="cannot encode"):
-        packb({"x": object()})
+        codec.packb({"x": object()})
 
 
 def _array_frame(data: bytes, dtype: object, shape: object) -> bytes:
@@ -158,7 +171,7 @@ def _array_frame(data: bytes, dtype: object, shape: object) -> bytes:
 
 
 BAD_FRAMES = {
-    "truncated": (packb({"state": np.zeros(39, np.float32), "task": "reach"})[:-7], "malformed"),
+    "truncated": (codec.packb({"state": np.zeros(39, np.float32), "task": "reach"})[:-7], "malformed"),
     "shape larger than data": (_array_frame(b"\x00" * 8, "<f4", [3]), "needs 12 bytes"),
     "shape smaller than data": (_array_frame(b"\x00" * 16, "<f4", [3]), "carries 16"),
     "negative shape": (_array_frame(b"", "<f4", [-1]), "non-negative"),
@@ -180,7 +193,7 @@ BAD_FRAMES = {
     "nested timestamp ext": (msgpack.packb({"t": [msgpack.Timestamp(1, 0)]}), "extension type -1"),
     "deep nesting": (msgpack.packb(functools.reduce(lambda acc, _: [acc], range(40), 0)), "deeper than 32"),
     "deep maps": (msgpack.packb(functools.reduce(lambda acc, _: {"k": acc}, range(40), 0)), "deeper than 32"),
-    "extra bytes": (packb({"a": 1}) + b"\x00", "after its message"),
+    "extra bytes": (codec.packb({"a": 1}) + b"\x00", "after its message"),
     "empty": (b"", "empty frame"),
     "reserved byte": (b"\xc1", "malformed"),
     "non-string map key": (msgpack.packb({1: 2}), "malformed"),
@@ -191,32 +204,32 @@ BAD_FRAMES = {
 def test_malformed_frames_raise_protocol_error_naming_the_problem(name):
     frame, pattern = BAD_FRAMES[name]
     with pytest.raises(ProtocolError, match=pattern):
-        unpackb(frame)
+        codec.unpackb(frame)
 
 
 def test_text_frames_are_refused():
     with pytest.raises(ProtocolError, match="text frames"):
-        unpackb('{"type": "ping"}')  # type: ignore[arg-type]
+        codec.unpackb('{"type": "ping"}')  # type: ignore[arg-type]
 
 
 def test_frame_size_string_and_container_caps():
     limits = Limits(max_frame_bytes=1000, max_str_len=10, max_container_len=5)
     with pytest.raises(ProtocolError, match="over the 1000-byte cap"):
-        unpackb(b"\x00" * 1001, limits)
+        codec.unpackb(b"\x00" * 1001, limits)
     with pytest.raises(ProtocolError, match="malformed"):
-        unpackb(msgpack.packb("x" * 11), limits)
+        codec.unpackb(msgpack.packb("x" * 11), limits)
     with pytest.raises(ProtocolError, match="malformed"):
-        unpackb(msgpack.packb(list(range(6))), limits)
+        codec.unpackb(msgpack.packb(list(range(6))), limits)
     with pytest.raises(ProtocolError, match="malformed"):
-        unpackb(msgpack.packb({str(i): i for i in range(6)}), limits)
-    assert unpackb(msgpack.packb(list(range(5))), limits) == [0, 1, 2, 3, 4]
+        codec.unpackb(msgpack.packb({str(i): i for i in range(6)}), limits)
+    assert codec.unpackb(msgpack.packb(list(range(5))), limits) == [0, 1, 2, 3, 4]
 
 
 @settings(max_examples=2000, deadline=None)
 @given(st.binary(max_size=256))
 def test_random_bytes_decode_or_raise_protocol_error(frame):
     try:
-        unpackb(frame)
+        codec.unpackb(frame)
     except ProtocolError:
         pass
 
@@ -224,13 +237,13 @@ def test_random_bytes_decode_or_raise_protocol_error(frame):
 @settings(max_examples=500, deadline=None)
 @given(st.data())
 def test_mutated_valid_frames_decode_or_raise_protocol_error(data):
-    frame = bytearray(packb({"type": "infer", "request_id": 7, "obs": {"state": np.ones(5, np.float32), "task": "t"}}))
+    frame = bytearray(codec.packb({"type": "infer", "request_id": 7, "obs": {"state": np.ones(5, np.float32), "task": "t"}}))
     for _ in range(data.draw(st.integers(1, 4))):
         index = data.draw(st.integers(0, len(frame) - 1))
         frame[index] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(1, len(frame)))
     try:
-        unpackb(bytes(frame[:cut]))
+        codec.unpackb(bytes(frame[:cut]))
     except ProtocolError:
         pass
 
@@ -244,19 +257,20 @@ def needs_accelerator(test):
     return pytest.mark.skipif(not codec.ACCELERATED, reason="C accelerator not in use")(test)
 
 
-def _outcome(fn, *args):
+def _outcome(fn, *args, **kwargs):
     try:
-        return "ok", fn(*args)
+        return "ok", fn(*args, **kwargs)
     except Exception as exc:  # the exception is the outcome being compared
         return type(exc), str(exc)
 
 
-def _both(fn, *args):
+def _both(fn, *args, **kwargs):
+    """The outcome of ``codec.<fn>(*args, **kwargs)`` under each implementation."""
     outcomes = {}
     for name in ("accelerated", "pure"):
         with pytest.MonkeyPatch.context() as monkeypatch:
             _use(monkeypatch, name)
-            outcomes[name] = _outcome(fn, *args)
+            outcomes[name] = _outcome(getattr(codec, fn), *args, **kwargs)
     return outcomes["accelerated"], outcomes["pure"]
 
 
@@ -293,7 +307,7 @@ def test_accelerated_and_pure_encoders_write_the_same_bytes(arr, layout):
         arr = arr.T
     elif layout == "large":  # over the zero-copy threshold: packed from a memoryview
         arr = np.resize(arr, (codec._ZERO_COPY_ENCODE_BYTES // max(arr.itemsize, 1) + 3,))
-    (kind_a, a), (kind_b, b) = _both(packb, {"x": arr, "s": arr.dtype.type(0) if arr.size else 1})
+    (kind_a, a), (kind_b, b) = _both("packb", {"x": arr, "s": arr.dtype.type(0) if arr.size else 1})
     assert kind_a == kind_b == "ok"
     assert a == b
 
@@ -303,12 +317,12 @@ def test_accelerated_and_pure_encoders_write_the_same_bytes(arr, layout):
 @given(st.data())
 def test_accelerated_and_pure_decoders_agree_on_mutated_frames(data):
     obs = {"state": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.int16(3), "t": [{"k": "v"}, [1]]}
-    frame = bytearray(packb({"type": "infer", "request_id": 7, "obs": obs}))
+    frame = bytearray(codec.packb({"type": "infer", "request_id": 7, "obs": obs}))
     for _ in range(data.draw(st.integers(1, 4))):
         frame[data.draw(st.integers(0, len(frame) - 1))] = data.draw(st.integers(0, 255))
     frame = bytes(frame[: data.draw(st.integers(1, len(frame)))])
-    _assert_same_outcome(unpackb, frame)
-    _assert_same_outcome(unpackb, frame, Limits(max_depth=2, max_container_len=3))
+    _assert_same_outcome("unpackb", frame)
+    _assert_same_outcome("unpackb", frame, Limits(max_depth=2, max_container_len=3))
 
 
 ODD_MAPS = {
@@ -395,3 +409,160 @@ def test_accelerated_encoder_keeps_large_arrays_alive_through_its_memoryview():
     del arr
     assert (view.format, view.ndim, view.readonly) == ("B", 1, True)
     assert bytes(view) == expected
+
+
+def test_entry_points_keep_their_signatures_and_docstrings(implementation):
+    for name in ("packb", "unpackb"):
+        fn, reference = getattr(codec, name), getattr(codec, f"_py_{name}")
+        assert fn.__doc__ == reference.__doc__
+        assert [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()] == [
+            (p.name, p.kind, p.default) for p in inspect.signature(reference).parameters.values()]
+    assert inspect.signature(codec.unpackb).parameters["limits"].default is codec.DEFAULT_LIMITS
+
+
+class _LimitsSubclass(Limits):
+    pass
+
+
+_FRAME = codec._py_packb({"state": np.arange(4, dtype=np.float32), "task": "t", "n": [1, {"k": b"v"}]})
+ODD_CALLS = {
+    # name: (args, kwargs)
+    "bytes": ((_FRAME,), {}),
+    "with limits": ((_FRAME, Limits(max_str_len=3)), {}),
+    "keywords": ((), {"frame": _FRAME, "limits": Limits(max_depth=1)}),
+    "limits keyword": ((_FRAME,), {"limits": Limits(max_depth=1)}),
+    "bytearray": ((bytearray(_FRAME),), {}),
+    "memoryview": ((memoryview(_FRAME),), {}),
+    "text": (("text",), {}),
+    "None": ((None,), {}),
+    "no arguments": ((), {}),
+    "three arguments": ((_FRAME, codec.DEFAULT_LIMITS, 1), {}),
+    "unknown keyword": ((_FRAME,), {"limit": codec.DEFAULT_LIMITS}),
+    "limits subclass": ((_FRAME, _LimitsSubclass(max_depth=1)), {}),
+    "limits not Limits": ((_FRAME, None), {}),
+    "huge frame cap": ((_FRAME, Limits(max_frame_bytes=2**80)), {}),
+    "negative frame cap": ((_FRAME, Limits(max_frame_bytes=-1)), {}),
+    "text frame cap": ((_FRAME, Limits(max_frame_bytes="x")), {}),  # type: ignore[arg-type]
+    "float depth": ((_FRAME, Limits(max_depth=2.5)), {}),  # type: ignore[arg-type]
+    "text depth": ((_FRAME, Limits(max_depth="x")), {}),  # type: ignore[arg-type]
+    "float str cap": ((_FRAME, Limits(max_str_len=2.0)), {}),  # type: ignore[arg-type]
+    "frame over cap": ((_FRAME, Limits(max_frame_bytes=len(_FRAME) - 1)), {}),
+    "frame at cap": ((_FRAME, Limits(max_frame_bytes=len(_FRAME))), {}),
+    "empty": ((b"",), {}),
+    "empty bytearray": ((bytearray(),), {}),
+    "top-level timestamp": ((msgpack.packb(msgpack.Timestamp(1, 0)),), {}),
+    "top-level scalar": ((msgpack.packb(3),), {}),
+    "top-level array": ((codec._py_packb(np.arange(3)),), {}),
+    "bytes subclass": ((type("B", (bytes,), {})(_FRAME),), {}),
+}
+
+
+@needs_accelerator
+@pytest.mark.parametrize("name", list(ODD_CALLS))
+def test_accelerated_unpackb_matches_python_on_odd_calls(name):
+    args, kwargs = ODD_CALLS[name]
+    for _ in range(2):  # the second time through the accelerator's limits cache
+        (kind_a, a), (kind_b, b) = _both("unpackb", *args, **kwargs)
+        assert kind_a == kind_b, (a, b)
+        _assert_same(a, b)
+
+
+def _raised(fn, *args):
+    with pytest.raises(Exception) as info:  # noqa: PT011 -- any exception, compared below
+        fn(*args)
+    return info.value
+
+
+@needs_accelerator
+@pytest.mark.parametrize("name", list(BAD_FRAMES))
+def test_accelerated_unpackb_raises_the_same_exception_as_python(name):
+    frame, _ = BAD_FRAMES[name]
+    exc_a = _raised(codec._speedups.unpackb, frame)
+    exc_b = _raised(codec._py_unpackb, frame)
+    assert (type(exc_a), str(exc_a)) == (type(exc_b), str(exc_b))
+    # `raise ProtocolError(...) from None` inside the except clause: no cause shown,
+    # and the msgpack exception kept as the context.
+    for attribute in ("__cause__", "__context__"):
+        a, b = getattr(exc_a, attribute), getattr(exc_b, attribute)
+        assert (type(a), str(a)) == (type(b), str(b))
+    assert exc_a.__suppress_context__ == exc_b.__suppress_context__
+
+
+class _Boom(Exception):
+    pass
+
+
+@needs_accelerator
+@pytest.mark.parametrize("error", [_Boom("boom"), ValueError("bad value"), ProtocolError("bad map"),
+                                   RecursionError("deep"), KeyError("k")])
+def test_accelerated_unpackb_maps_exceptions_from_hooks_like_python(monkeypatch, error):
+    # Text keys send the map to the Python object hook, which reads fields with _field.
+    def field(obj, name):
+        raise error
+
+    monkeypatch.setattr(codec, "_field", field)
+    frame = msgpack.packb({"obs": {"__ndarray__": True, "data": b"\x00" * 4}})
+    exc_a = _raised(codec._speedups.unpackb, frame)
+    exc_b = _raised(codec._py_unpackb, frame)
+    assert (type(exc_a), str(exc_a)) == (type(exc_b), str(exc_b))
+    assert type(exc_a.__context__) is type(exc_b.__context__)
+    assert exc_a.__suppress_context__ == exc_b.__suppress_context__
+    if type(error) in (_Boom, ProtocolError, KeyError):  # not the malformed-frame kinds
+        assert exc_a is error
+
+
+@needs_accelerator
+def test_accelerated_packb_matches_python_on_odd_calls():
+    arr = np.arange(6, dtype=np.int32).reshape(2, 3)
+    for args, kwargs in [((arr,), {}), ((), {"obj": arr}), ((), {}), ((arr, arr), {}),
+                         ((), {"o": arr}), (({"x": object()},), {}), (({"a": arr.T, "b": np.float32(1)},), {})]:
+        (kind_a, a), (kind_b, b) = _both("packb", *args, **kwargs)
+        assert (kind_a, a) == (kind_b, b)
+
+
+@needs_accelerator
+def test_accelerated_packb_starts_each_frame_afresh_after_large_frames_and_errors():
+    small = {"state": np.arange(39, dtype=np.float32), "task": "reach-v3", "n": np.int8(3)}
+    sequence = [
+        small,
+        {"image": np.ones((224, 224, 3), np.uint8), "task": "large"},  # grows a packer's buffer
+        small,
+        {"a": np.zeros(3), "b": object()},  # fails halfway through
+        small,
+        {"a": np.zeros(3), "bad": np.zeros(2, np.complex64)},  # fails in the Python fallback
+        small,
+        "x" * 70_000,  # just over the size a packer is kept after
+        small,
+        {"nested": [[small] * 3] * 3},
+    ]
+    for obj in sequence * 3:
+        (kind_a, a), (kind_b, b) = _both("packb", obj)
+        assert (kind_a, a) == (kind_b, b)
+
+
+@needs_accelerator
+def test_accelerated_packb_is_safe_across_threads():
+    # Python fallbacks (NumPy scalars, non-contiguous arrays) let other threads run in
+    # the middle of a frame; each frame must still come out whole.
+    objs = [{"i": i, "s": np.float32(i), "t": np.arange(12, dtype=np.int16).reshape(3, 4).T * i,
+             "pad": "x" * (i * 997 % 5000)} for i in range(40)]
+    expected = [codec._py_packb(obj) for obj in objs]
+    failures = []
+
+    def work():
+        for _ in range(200):
+            for obj, frame in zip(objs, expected, strict=True):
+                if codec._speedups.packb(obj) != frame:
+                    failures.append(obj["i"])
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []
