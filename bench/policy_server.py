@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import platform
 import signal
@@ -51,6 +52,7 @@ class Cell:
     requests_per_s: float
     p50_ms: float
     p99_ms: float
+    engine_p50_ms: float | None = None  # time inside the server's engine, from the reply's timing
 
     @property
     def actions_per_s(self) -> float:
@@ -58,6 +60,8 @@ class Cell:
 
 
 def _summary(latencies: list[float], elapsed: float) -> Cell:
+    if not latencies:  # not one request finished inside the window
+        return Cell(0.0, float("inf"), float("inf"))
     lat = np.asarray(latencies) * 1e3
     return Cell(len(lat) / elapsed, float(np.percentile(lat, 50)), float(np.percentile(lat, 99)))
 
@@ -94,7 +98,8 @@ async def bench_raw(checkpoint: Path, seconds: float, settings: EngineSettings,
     engine = VllmEngine(spec, settings)
     await engine.start()
     llm = engine.llm
-    prompts = [spec.prompt_tokens(s, spec_task) for s, spec_task in zip(_states(256), list(spec.tasks) * 100)]
+    tasks = list(spec.tasks)
+    prompts = [spec.prompt_tokens(s, tasks[i % len(tasks)]) for i, s in enumerate(_states(256))]
     counter = iter(range(10**9))
 
     async def worker(i: int) -> None:
@@ -105,6 +110,8 @@ async def bench_raw(checkpoint: Path, seconds: float, settings: EngineSettings,
 
     try:
         await worker(0)
+        gc.collect()
+        gc.freeze()  # as the server does after warm-up
         return {c: await _closed_loop(worker, c, seconds) for c in concurrency}
     finally:
         await engine.close()
@@ -135,6 +142,18 @@ def _start_server(checkpoint: Path, *args: str) -> tuple[subprocess.Popen, int]:
     raise RuntimeError("policy-server did not become ready")
 
 
+def _server_args(settings: EngineSettings) -> list[str]:
+    """CLI flags giving a policy-server the same engine settings as the raw run."""
+    args = ["--kv-cache-gib", f"{settings.kv_cache_gib:g}", "--max-num-seqs", str(settings.max_num_seqs)]
+    if settings.executor:
+        args += ["--executor", settings.executor]
+    if settings.omp_threads_bind:
+        args += ["--omp-threads-bind", settings.omp_threads_bind]
+    if not settings.enforce_eager:
+        args.append("--compile")
+    return args
+
+
 async def bench_server(checkpoint: Path, seconds: float, *args: str) -> dict[int, Cell]:
     proc, port = _start_server(checkpoint, *args)
     tasks = TASKS.split(",")
@@ -146,10 +165,15 @@ async def bench_server(checkpoint: Path, seconds: float, *args: str) -> dict[int
                        for _ in range(concurrency)]
             await asyncio.gather(*(c.connect() for c in clients))
 
-            async def worker(i: int, clients: list = clients) -> None:
-                await clients[i].infer({"state": states[i % len(states)], "task": tasks[i % len(tasks)]})
+            engine_ms: list[float] = []
+
+            async def worker(i: int, clients: list = clients, engine_ms: list = engine_ms) -> None:
+                reply = await clients[i].infer({"state": states[i % len(states)], "task": tasks[i % len(tasks)]})
+                engine_ms.append(reply.timing["engine_ms"])
 
             results[concurrency] = await _closed_loop(worker, concurrency, seconds)
+            results[concurrency].engine_p50_ms = float(np.median(engine_ms)) if engine_ms else float("nan")
+            print(f"  {' '.join(args) or 'server'} x{concurrency}: {results[concurrency]}", file=sys.stderr, flush=True)
             await asyncio.gather(*(c.close() for c in clients))
         return results
     finally:
@@ -203,24 +227,30 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per cell")
     parser.add_argument("--sizes", default="1m,25m")
     parser.add_argument("--sweep", action="store_true", help="also measure engine settings")
+    parser.add_argument("--executor", choices=["uni", "mp"], default=None,
+                        help="vLLM executor for both the raw engine and the server (default: the server's)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "evalforge-bench-policy")
     args = parser.parse_args()
     sizes = args.sizes.split(",")
     checkpoints = make_checkpoints(args.workdir, sizes)
+    gc.collect()
+    gc.freeze()  # the clients live in this process too; keep collections off the imported heap
 
-    print(f"# policy server — {platform.machine()}, {os.cpu_count()} cores, {args.seconds:g} s per cell")
+    print(f"# policy server — {platform.machine()}, {os.cpu_count()} cores, {args.seconds:g} s per cell, "
+          f"executor {args.executor or 'default'}")
     print("| policy | clients | raw req/s | raw p50/p99 ms | server req/s | server actions/s | server p50/p99 ms "
-          "| server / raw | one-at-a-time req/s | one-at-a-time p50/p99 ms | server / one-at-a-time |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| server engine p50 ms | server / raw | one-at-a-time req/s | one-at-a-time p50/p99 ms | server / one-at-a-time |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     verdicts = []
     for size, checkpoint in checkpoints.items():
-        raw = await bench_raw(checkpoint, args.seconds, EngineSettings())
-        server = await bench_server(checkpoint, args.seconds)
+        settings = EngineSettings() if args.executor is None else replace(EngineSettings(), executor=args.executor)
+        raw = await bench_raw(checkpoint, args.seconds, settings)
+        server = await bench_server(checkpoint, args.seconds, *_server_args(settings))
         hf = await bench_server(checkpoint, args.seconds, "--engine", "hf")
         for c in CONCURRENCY:
             r, s, h = raw[c], server[c], hf[c]
             print(f"| {size} | {c} | {r.requests_per_s:.1f} | {r.p50_ms:.1f} / {r.p99_ms:.1f} | "
-                  f"{s.requests_per_s:.1f} | {s.actions_per_s:.0f} | {s.p50_ms:.1f} / {s.p99_ms:.1f} | "
+                  f"{s.requests_per_s:.1f} | {s.actions_per_s:.0f} | {s.p50_ms:.1f} / {s.p99_ms:.1f} | {s.engine_p50_ms:.1f} | "
                   f"{s.requests_per_s / r.requests_per_s:.0%} | {h.requests_per_s:.1f} | "
                   f"{h.p50_ms:.1f} / {h.p99_ms:.1f} | {s.requests_per_s / h.requests_per_s:.2f}× |", flush=True)
         worst = min(server[c].requests_per_s / raw[c].requests_per_s for c in CONCURRENCY)

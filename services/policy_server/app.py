@@ -19,6 +19,7 @@ never a traceback — and the connection stays usable.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import time
@@ -27,7 +28,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -140,6 +148,11 @@ class PolicyService:
         task = next(iter(self.spec.tasks))
         state = ((self.spec.state_low + self.spec.state_high) / 2).astype(np.float32)
         await self.engine.generate(self.spec.prompt_tokens(state, task))
+        # What exists now (torch, vLLM, the model) lives until exit: freeze it out of
+        # the collector's reach, or a full collection over it stalls requests for
+        # hundreds of milliseconds (vLLM's own API server does the same).
+        gc.collect()
+        gc.freeze()
         self._ready.set()
         log.info("policy %s ready on engine %s in %.1fs", self.metadata.policy_name, self.engine.name,
                  time.perf_counter() - started)

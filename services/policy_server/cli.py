@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--compile", action="store_true", help="let vLLM torch.compile the model (slower start)")
     engine.add_argument("--omp-threads-bind", default=None,
                         help="CPU cores for vLLM's OpenMP threads, e.g. '0-1' or 'nobind' (default: vLLM's auto)")
+    engine.add_argument("--executor", choices=["uni", "mp"], default=None,
+                        help="uni: run the model inside the engine-core process (one process fewer); "
+                             "mp: a worker process per device (vLLM's default)")
     parser.add_argument("--max-frame-bytes", type=int, default=Limits().max_frame_bytes,
                         help="largest request frame accepted (default 64 MiB)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = EngineSettings(dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=not args.compile,
                               kv_cache_gib=args.kv_cache_gib, memory_utilization=args.memory_utilization,
-                              omp_threads_bind=args.omp_threads_bind)
+                              omp_threads_bind=args.omp_threads_bind, executor=args.executor)
     limits = Limits(max_frame_bytes=args.max_frame_bytes)
     service = PolicyService(spec, make_engine(args.engine, spec, settings), name=args.name, limits=limits)
     server: DrainingServer | None = None

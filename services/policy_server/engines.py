@@ -39,6 +39,9 @@ class EngineSettings:
     kv_cache_gib: float = 1.0  # CPU KV-cache space (VLLM_CPU_KVCACHE_SPACE)
     memory_utilization: float = 0.5  # fraction of host memory vLLM may claim at start on CPU
     omp_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND; None keeps vLLM's "auto"
+    # "uni" runs the model in the engine-core process instead of a worker process of
+    # its own: one process fewer to schedule on small hosts. None keeps vLLM's choice.
+    executor: str | None = None
     seed: int = 0
 
 
@@ -70,6 +73,7 @@ class VllmEngine(Engine):
         super().__init__(spec)
         self.settings = settings or EngineSettings()
         self._llm = None
+        self._greedy = None
         self._ids = itertools.count()
         self._prefix = uuid.uuid4().hex[:8]
 
@@ -93,6 +97,7 @@ class VllmEngine(Engine):
             seed=s.seed,
             disable_log_stats=False,
             enable_prefix_caching=False,
+            distributed_executor_backend=s.executor,
         )
         # Construction blocks for as long as the engine processes take to start;
         # off the event loop, /healthz keeps answering meanwhile.
@@ -122,6 +127,14 @@ class VllmEngine(Engine):
         return BatchSizeLogger
 
     def sampling_params(self, temperature: float, seed: int | None) -> object:
+        """Parameters for one request; the greedy ones are built once (vLLM copies them per request)."""
+        if temperature == 0.0 and seed is None:
+            if self._greedy is None:
+                self._greedy = self._build_sampling_params(0.0, None)
+            return self._greedy
+        return self._build_sampling_params(temperature, seed)
+
+    def _build_sampling_params(self, temperature: float, seed: int | None) -> object:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 

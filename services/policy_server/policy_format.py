@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -92,24 +93,31 @@ class PolicySpec:
     def allowed_token_ids(self) -> list[int]:
         return list(range(*self.action_range))
 
+    @cached_property
+    def _state_scale(self) -> np.ndarray:
+        return self.state_bins / (self.state_high - self.state_low)
+
+    @cached_property
+    def _action_values(self) -> np.ndarray:
+        """float32 ``[action_bins, action_dim]``: the value of each bin in each dimension."""
+        centres = (np.arange(self.action_bins)[:, None] + 0.5) / self.action_bins
+        return (self.action_low + centres * (self.action_high - self.action_low)).astype(np.float32)
+
     def prompt_tokens(self, state: np.ndarray, task: str) -> list[int]:
         """Prompt token ids for one observation (state already validated)."""
-        width = self.state_high - self.state_low
-        scaled = (state.astype(np.float64) - self.state_low) / width * self.state_bins
+        scaled = (state - self.state_low) * self._state_scale
         bins = np.clip(np.floor(scaled), 0, self.state_bins - 1).astype(np.int64)
         return [self.tasks[task].token_id, *(bins + self.state_range[0]).tolist()]
 
     def decode_actions(self, token_ids: list[int] | np.ndarray) -> np.ndarray:
         """float32 ``[chunk_size, action_dim]`` from generated action-token ids."""
-        tokens = np.asarray(token_ids, dtype=np.int64)
-        if tokens.shape != (self.max_tokens,):
-            raise ValueError(f"expected {self.max_tokens} action tokens, got {tokens.shape[0]}")
-        bins = tokens - self.action_range[0]
+        bins = np.asarray(token_ids, dtype=np.int64) - self.action_range[0]
+        if bins.shape != (self.max_tokens,):
+            raise ValueError(f"expected {self.max_tokens} action tokens, got {bins.shape[0]}")
         if bins.min() < 0 or bins.max() >= self.action_bins:
             raise ValueError("generated a token outside the action range")
-        chunk = bins.reshape(self.chunk_size, self.action_dim)
-        values = self.action_low + (chunk + 0.5) / self.action_bins * (self.action_high - self.action_low)
-        return values.astype(np.float32)
+        dims = np.tile(np.arange(self.action_dim), self.chunk_size)
+        return self._action_values[bins, dims].reshape(self.chunk_size, self.action_dim)
 
 
 def _fail(directory: Path, problem: str) -> CheckpointError:
