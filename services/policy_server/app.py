@@ -189,6 +189,18 @@ class PolicyService:
         self.metrics.engine_seconds.observe(engine_s)
         return self.spec.decode_actions(tokens), {"engine_ms": engine_s * 1e3}
 
+    async def infer_observation(self, obs: Observation, kind: str) -> tuple[np.ndarray, dict[str, float]]:
+        """An action chunk for a request without the protocol envelope (openpi-style, JSON)."""
+        self.metrics.requests.labels(kind).inc()
+        self.inflight += 1
+        start = time.perf_counter()
+        try:
+            result = await self.infer_chunk(obs)
+        finally:
+            self.inflight -= 1
+        self.metrics.request_seconds.observe(time.perf_counter() - start)
+        return result
+
     async def infer(self, request: InferRequest) -> ActionsReply:
         if not request.stepwise:
             actions, timing = await self.infer_chunk(request.obs, temperature=request.temperature, seed=request.seed)
@@ -230,10 +242,7 @@ class PolicyService:
                 self.metrics.request_seconds.observe(time.perf_counter() - start)
                 return packb(reply.to_wire()), None
             if isinstance(request, BareObservationRequest):
-                self.metrics.requests.labels("bare").inc()
-                obs = self._bare_observation(request.obs)
-                actions, timing = await self.infer_chunk(obs)
-                self.metrics.request_seconds.observe(time.perf_counter() - start)
+                actions, timing = await self.infer_observation(self._bare_observation(request.obs), "bare")
                 timing["infer_ms"] = (time.perf_counter() - start) * 1e3
                 return packb({"actions": actions, "server_timing": timing}), None
             if isinstance(request, ResetRequest):
@@ -314,7 +323,7 @@ def create_app(service: PolicyService, *, on_fatal: Callable[[BaseException], No
                                                        for v in state):
                 raise ValueError("'state' must be a list of numbers")
             observation = Observation.from_wire({**obs, "state": np.asarray(state, dtype=np.float32)})
-            actions, timing = await service.infer_chunk(observation)
+            actions, timing = await service.infer_observation(observation, "json")
         except (ValueError, InvalidObservation) as exc:
             return _json_error(ErrorCode.INVALID_OBSERVATION if isinstance(exc, InvalidObservation)
                                else ErrorCode.BAD_REQUEST, str(exc))
