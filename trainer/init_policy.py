@@ -41,12 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def suite_dims(suite: str) -> tuple[int, int, list[str], dict[str, str]]:
     """State dim, action dim, tasks and instructions of a benchmark suite."""
+    from benchmarks.registry import get_suite
+    from benchmarks.suite import SuiteError
+
     try:
-        from benchmarks.registry import get_suite  # the suite catalogue, once it exists
-    except ImportError:
-        raise SystemExit(f"trainer init-policy: --suite {suite}: the benchmarks package has no suite registry yet; "
-                         "pass --state-dim, --action-dim and --tasks instead") from None
-    s = get_suite(suite)
+        s = get_suite(suite)
+    except SuiteError as exc:
+        raise SystemExit(f"trainer init-policy: {exc}") from None
     return s.state_dim, s.action_dim, list(s.task_names), {t: s.instruction(t) for t in s.task_names}
 
 

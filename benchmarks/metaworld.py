@@ -1,0 +1,207 @@
+"""MetaWorld (v3 tasks, MuJoCo) as EvalForge suites, with MetaWorld's own scripted experts.
+
+Suites:
+
+- ``metaworld-mt1-<task>`` for each of the 50 tasks (the suite name drops the
+  ``-v3`` suffix; the task keeps MetaWorld's name: ``metaworld-mt1-reach`` has the
+  task ``reach-v3``);
+- ``metaworld-mt10`` and ``metaworld-mt50``: MetaWorld's MT10 and MT50 task sets,
+  in MetaWorld's order.
+
+Observation: MetaWorld's 39-dim state with the goal visible (the multi-task
+setting: hand xyz, gripper opening, two objects' xyz + quaternion, the same 18
+values from the previous step, goal xyz). The task is the observation's ``task``
+field, never a one-hot in the state. Action: 4 values in [-1, 1] (hand dx, dy, dz
+and gripper effort). 500 steps per episode, MetaWorld's ``max_path_length``;
+success is MetaWorld's ``info["success"]`` and ends the episode. ``fps`` is the
+control rate, 1 / (MuJoCo timestep 0.0025 s × frame skip 5) = 80.
+
+Seed → initial state: MetaWorld draws each episode's object and goal positions
+(its "rand_vec") from the environment's ``np_random``. We give that generator a
+fresh ``numpy.random.default_rng([crc32(task), seed])`` before every reset and
+never use NumPy's global RNG, so a (task, seed) pair always gives the same initial
+state, independently of what ran before, and different tasks with the same seed
+do not share their random draws. PCG64 streams are identical on every platform;
+the physics that settles the arm after the draw is deterministic for a given
+MuJoCo build and CPU architecture.
+
+Nothing here imports ``metaworld`` until an environment or expert is made, so the
+suite catalogue stays cheap to read.
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from typing import Any
+
+import numpy as np
+
+from benchmarks.suite import (
+    EpisodeEnv,
+    ExpertPolicy,
+    Observation,
+    Suite,
+    TaskSpec,
+    canonical_observation,
+)
+
+MAX_STEPS = 500
+FPS = 80.0
+
+# MetaWorld ships no language; these follow the task descriptions of the MetaWorld
+# paper (Yu et al., 2019, appendix), in the order of metaworld.env_dict.ALL_V3_ENVIRONMENTS.
+INSTRUCTIONS: dict[str, str] = {
+    "assembly-v3": "pick up the nut and place it onto the peg",
+    "basketball-v3": "dunk the basketball into the basket",
+    "bin-picking-v3": "grasp the puck from one bin and place it into the other bin",
+    "box-close-v3": "grasp the cover and close the box with it",
+    "button-press-topdown-v3": "press the button from the top",
+    "button-press-topdown-wall-v3": "bypass the wall and press the button from the top",
+    "button-press-v3": "press the button",
+    "button-press-wall-v3": "bypass the wall and press the button",
+    "coffee-button-v3": "push the button on the coffee machine",
+    "coffee-pull-v3": "pull the mug out from under the coffee machine",
+    "coffee-push-v3": "push the mug under the coffee machine",
+    "dial-turn-v3": "rotate the dial 180 degrees",
+    "disassemble-v3": "pick the nut out of the peg",
+    "door-close-v3": "close the door with a revolving joint",
+    "door-lock-v3": "lock the door by rotating the lock clockwise",
+    "door-open-v3": "open the door with a revolving joint",
+    "door-unlock-v3": "unlock the door by rotating the lock counter-clockwise",
+    "hand-insert-v3": "insert the gripper into the hole",
+    "drawer-close-v3": "push the drawer closed",
+    "drawer-open-v3": "open the drawer",
+    "faucet-open-v3": "rotate the faucet counter-clockwise",
+    "faucet-close-v3": "rotate the faucet clockwise",
+    "hammer-v3": "hammer the screw into the wall",
+    "handle-press-side-v3": "press the handle down sideways",
+    "handle-press-v3": "press the handle down",
+    "handle-pull-side-v3": "pull the handle up sideways",
+    "handle-pull-v3": "pull the handle up",
+    "lever-pull-v3": "pull the lever down 90 degrees",
+    "pick-place-wall-v3": "pick up the puck, bypass the wall and place the puck at the goal",
+    "pick-out-of-hole-v3": "pick the puck up out of the hole",
+    "pick-place-v3": "pick up the puck and place it at the goal",
+    "plate-slide-v3": "slide the plate into the cabinet",
+    "plate-slide-side-v3": "slide the plate into the cabinet sideways",
+    "plate-slide-back-v3": "slide the plate out of the cabinet",
+    "plate-slide-back-side-v3": "slide the plate out of the cabinet sideways",
+    "peg-insert-side-v3": "insert the peg into the hole sideways",
+    "peg-unplug-side-v3": "unplug the peg sideways",
+    "soccer-v3": "kick the soccer ball into the goal",
+    "stick-push-v3": "grasp the stick and push the box with it",
+    "stick-pull-v3": "grasp the stick and pull the box with it",
+    "push-v3": "push the puck to the goal",
+    "push-wall-v3": "bypass the wall and push the puck to the goal",
+    "push-back-v3": "push the puck back to the goal",
+    "reach-v3": "reach the goal position",
+    "reach-wall-v3": "bypass the wall and reach the goal position",
+    "shelf-place-v3": "pick up the puck and place it onto the shelf",
+    "sweep-into-v3": "sweep the puck into the hole",
+    "sweep-v3": "sweep the puck off the table",
+    "window-open-v3": "push the window open",
+    "window-close-v3": "push the window closed",
+}
+
+ALL_TASKS: tuple[str, ...] = tuple(INSTRUCTIONS)
+MT10_TASKS: tuple[str, ...] = (
+    "reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
+    "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3",
+)
+
+_FRAME = ("hand_x", "hand_y", "hand_z", "gripper_opening",
+          "obj0_x", "obj0_y", "obj0_z", "obj0_qw", "obj0_qx", "obj0_qy", "obj0_qz",
+          "obj1_x", "obj1_y", "obj1_z", "obj1_qw", "obj1_qx", "obj1_qy", "obj1_qz")
+STATE_NAMES: tuple[str, ...] = (*_FRAME, *(f"prev_{n}" for n in _FRAME), "goal_x", "goal_y", "goal_z")
+ACTION_NAMES: tuple[str, ...] = ("hand_dx", "hand_dy", "hand_dz", "gripper_effort")
+
+
+def _task_rng(task: str, seed: int) -> np.random.Generator:
+    """The generator MetaWorld draws the initial state from, for one (task, seed)."""
+    return np.random.default_rng([zlib.crc32(task.encode()), seed])
+
+
+class MetaWorldEnv(EpisodeEnv):
+    """One MetaWorld v3 task, goal observable, reset from a seed."""
+
+    def __init__(self, suite: Suite, task: str, seed: int) -> None:
+        super().__init__(suite, task, seed)
+        from metaworld.env_dict import ALL_V3_ENVIRONMENTS
+
+        env = ALL_V3_ENVIRONMENTS[self.task]()
+        # The multi-task setting of metaworld.MT1/MT10/MT50, without their Task
+        # objects: the goal is part of the observation, and every reset draws a new
+        # initial state from env.np_random (which _reset seeds) instead of replaying
+        # one of 50 pre-drawn states or touching NumPy's global RNG.
+        env._partially_observable = False
+        if "sawyer_observation_space" in env.__dict__:  # a cached_property computed as goal-hidden
+            del env.sawyer_observation_space
+        env._set_task_called = True
+        env._freeze_rand_vec = False
+        env.seeded_rand_vec = True
+        env.max_path_length = self.max_steps
+        self._env = env
+
+    def _reset(self, seed: int) -> Observation:
+        self._env.np_random = _task_rng(self.task, seed)
+        state, _ = self._env.reset()
+        return canonical_observation(state, self.task)
+
+    def _step(self, action: np.ndarray) -> tuple[Observation, float, bool, dict[str, Any]]:
+        state, reward, _, _, info = self._env.step(action)
+        success = bool(info.get("success", 0.0))
+        return canonical_observation(state, self.task), float(reward), success, {
+            k: float(v) for k, v in info.items() if isinstance(v, int | float | np.floating | np.integer)}
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def _make_env(suite: Suite, task: str, seed: int) -> EpisodeEnv:
+    return MetaWorldEnv(suite, task, seed)
+
+
+def _make_expert(suite: Suite, task: str) -> ExpertPolicy:
+    from metaworld.policies import ENV_POLICY_MAP
+
+    policy = ENV_POLICY_MAP[task]()
+    low, high = suite.action_low_array, suite.action_high_array
+
+    def expert(obs: Observation) -> np.ndarray:
+        # MetaWorld's policies warn whenever their P-controller asks for more than the
+        # action bounds; the env clips anyway, so the warning is noise in a demo run.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            action = policy.get_action(np.asarray(obs["state"], dtype=np.float64))
+        return np.clip(np.asarray(action, dtype=np.float32), low, high)
+
+    return expert
+
+
+def _suite(name: str, description: str, tasks: tuple[str, ...]) -> Suite:
+    return Suite(
+        name=name,
+        simulator="metaworld",
+        description=description,
+        tasks=tuple(TaskSpec(t, INSTRUCTIONS[t], MAX_STEPS) for t in tasks),
+        state_dim=39,
+        action_dim=4,
+        action_low=(-1.0,) * 4,
+        action_high=(1.0,) * 4,
+        fps=FPS,
+        env_factory=_make_env,
+        expert_factory=_make_expert,
+        state_names=STATE_NAMES,
+        action_names=ACTION_NAMES,
+    )
+
+
+def suites() -> list[Suite]:
+    """The MetaWorld suites: 50 single-task MT1 suites, MT10 and MT50."""
+    out = [_suite(f"metaworld-mt1-{task.removesuffix('-v3')}",
+                  f"MetaWorld MT1, one task: {INSTRUCTIONS[task]}", (task,))
+           for task in ALL_TASKS]
+    out.append(_suite("metaworld-mt10", "MetaWorld MT10: ten manipulation tasks", MT10_TASKS))
+    out.append(_suite("metaworld-mt50", "MetaWorld MT50: all fifty manipulation tasks", ALL_TASKS))
+    return out

@@ -1,0 +1,267 @@
+"""What a benchmark suite is: its tasks, dimensions, seeds, success rule and episode interface.
+
+A simulator module (``benchmarks/metaworld.py``, ``benchmarks/pusht.py``) declares
+its suites as ``Suite`` values and implements ``EpisodeEnv`` once. Everything a
+caller needs goes through a ``Suite``:
+
+- static facts, readable without importing any simulator: task names, per-task
+  instruction and step limit, state/action dimensions and names, action bounds,
+  control rate (``fps``);
+- ``suite.make_env(task, seed)`` → an ``EpisodeEnv`` whose ``reset()`` puts the
+  simulator in the initial state that ``seed`` names — the same state on every call
+  and every machine with the same simulator build;
+- ``suite.expert(task)`` → a scripted policy, ``obs -> action``, or
+  ``NoExpertError`` when the simulator has none.
+
+Observations are canonical (the wire protocol's ``Observation``):
+``{"state": float32[state_dim], "task": task_name}`` plus, optionally,
+``"images": {camera: uint8[H, W, C]}``.
+
+An episode ends when the task's success criterion holds (``success=True``,
+``done=True``) or after ``max_steps`` steps (``done=True``, ``success=False``),
+the way MetaWorld's own evaluation terminates on success.
+
+Seeds: ``DEMO_SEEDS`` are for collecting training demonstrations and
+``EVAL_SEED_START`` upward for evaluation, so a policy is never evaluated on an
+initial state it was trained on. ``evaluation_seed(i)`` gives the i-th one.
+"""
+
+from __future__ import annotations
+
+import difflib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Observation = dict[str, Any]
+"""``{"state": float32[D], "task": str}`` and optionally ``"images"``."""
+
+ExpertPolicy = Callable[[Observation], np.ndarray]
+"""A scripted policy: canonical observation in, float32 action of ``action_dim`` out."""
+
+# Demonstrations use seeds below EVAL_SEED_START; evaluations use seeds from it upward.
+# A million demo seeds per task is more than any collection here will use, and keeping
+# the split a constant (not a flag) is what makes "never evaluated on a training seed" hold
+# across tools written by different people.
+EVAL_SEED_START = 1_000_000
+DEMO_SEEDS = range(0, EVAL_SEED_START)
+
+
+def evaluation_seed(episode_index: int) -> int:
+    """The seed of the ``episode_index``-th evaluation episode of a task (disjoint from demo seeds)."""
+    if episode_index < 0:
+        raise ValueError(f"evaluation episode index must be >= 0, got {episode_index}")
+    return EVAL_SEED_START + episode_index
+
+
+class SuiteError(ValueError):
+    """A suite or task name that does not exist, or a request a suite cannot serve."""
+
+
+class NoExpertError(SuiteError):
+    """The suite has no scripted expert for the task."""
+
+
+def close_matches(name: str, candidates: Sequence[str], n: int = 5) -> str:
+    """``"; did you mean: a, b?"`` for the candidates closest to ``name``, or ``""``."""
+    matches = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.5)
+    return f"; did you mean: {', '.join(matches)}?" if matches else ""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task of a suite."""
+
+    name: str
+    instruction: str
+    max_steps: int
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What ``EpisodeEnv.step`` returns."""
+
+    obs: Observation
+    reward: float
+    success: bool
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def canonical_observation(state: np.ndarray, task: str,
+                          images: Mapping[str, np.ndarray] | None = None) -> Observation:
+    """The canonical observation dict: contiguous float32 state, task name, optional images."""
+    obs: Observation = {"state": np.ascontiguousarray(state, dtype=np.float32), "task": task}
+    if images:
+        obs["images"] = dict(images)
+    return obs
+
+
+class EpisodeEnv(ABC):
+    """One task of one suite, reset to the initial state a seed names.
+
+    ``reset(seed)`` may rebind the environment to another seed, so one simulator
+    instance (whose construction is the slow part) serves many episodes.
+    """
+
+    def __init__(self, suite: Suite, task: str, seed: int) -> None:
+        self.suite = suite
+        self.task = suite.task(task).name
+        self.max_steps = suite.max_steps(task)
+        self.seed = _check_seed(seed)
+        self.steps = 0
+        self._done = True
+
+    def reset(self, seed: int | None = None) -> Observation:
+        """Start an episode from ``seed``'s initial state (default: the seed this env was made with)."""
+        if seed is not None:
+            self.seed = _check_seed(seed)
+        self.steps = 0
+        self._done = False
+        return self._reset(self.seed)
+
+    def step(self, action: np.ndarray | Sequence[float]) -> StepResult:
+        """Apply one action. Actions are clipped to the suite's bounds; NaN is refused."""
+        if self._done:
+            raise RuntimeError(f"{self.suite.name}/{self.task}: the episode is over (or was never "
+                               "started); call reset() before step()")
+        act = np.asarray(action, dtype=np.float32).reshape(-1)
+        if act.shape != (self.suite.action_dim,):
+            raise ValueError(f"{self.suite.name}/{self.task}: action must have {self.suite.action_dim} "
+                             f"values, got shape {list(np.shape(action))}")
+        if not np.isfinite(act).all():
+            raise ValueError(f"{self.suite.name}/{self.task}: action contains NaN or infinity: {act.tolist()}")
+        # Clip here rather than trusting each simulator to: the action that was applied
+        # is the one recorded in demos, so it must lie inside the published bounds.
+        act = np.clip(act, self.suite.action_low_array, self.suite.action_high_array)
+        obs, reward, success, info = self._step(act)
+        self.steps += 1
+        truncated = not success and self.steps >= self.max_steps
+        self._done = success or truncated
+        info = {**info, "action": act, "truncated": truncated}
+        return StepResult(obs=obs, reward=float(reward), success=bool(success), done=self._done, info=info)
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the simulator."""
+
+    def __enter__(self) -> EpisodeEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @abstractmethod
+    def _reset(self, seed: int) -> Observation:
+        """Put the simulator in ``seed``'s initial state; return the canonical observation."""
+
+    @abstractmethod
+    def _step(self, action: np.ndarray) -> tuple[Observation, float, bool, dict[str, Any]]:
+        """Apply a clipped float32 action; return (obs, reward, success, info)."""
+
+
+def _check_seed(seed: int) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"episode seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+EnvFactory = Callable[["Suite", str, int], EpisodeEnv]
+ExpertFactory = Callable[["Suite", str], ExpertPolicy]
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A named set of tasks on one simulator with one observation and action space.
+
+    ``env_factory`` and ``expert_factory`` are functions of the simulator module that
+    import the simulator only when called, so reading a suite's facts stays cheap.
+    """
+
+    name: str
+    simulator: str
+    description: str
+    tasks: tuple[TaskSpec, ...]
+    state_dim: int
+    action_dim: int
+    action_low: tuple[float, ...]
+    action_high: tuple[float, ...]
+    fps: float
+    env_factory: EnvFactory = field(repr=False, compare=False)
+    expert_factory: ExpertFactory | None = field(default=None, repr=False, compare=False)
+    no_expert_reason: str = ""
+    state_names: tuple[str, ...] = ()
+    action_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [t.name for t in self.tasks]
+        if not names or len(set(names)) != len(names):
+            raise ValueError(f"suite {self.name}: tasks must be distinct and non-empty, got {names}")
+        if len(self.action_low) != self.action_dim or len(self.action_high) != self.action_dim:
+            raise ValueError(f"suite {self.name}: action bounds must have {self.action_dim} values")
+        for what, names_, dim in (("state", self.state_names, self.state_dim),
+                                  ("action", self.action_names, self.action_dim)):
+            if names_ and len(names_) != dim:
+                raise ValueError(f"suite {self.name}: {len(names_)} {what} names for {dim} dimensions")
+
+    @property
+    def task_names(self) -> list[str]:
+        return [t.name for t in self.tasks]
+
+    @property
+    def has_expert(self) -> bool:
+        return self.expert_factory is not None
+
+    @property
+    def action_low_array(self) -> np.ndarray:
+        return np.asarray(self.action_low, dtype=np.float32)
+
+    @property
+    def action_high_array(self) -> np.ndarray:
+        return np.asarray(self.action_high, dtype=np.float32)
+
+    def task(self, name: str) -> TaskSpec:
+        """The task called ``name``; the error lists close matches."""
+        for spec in self.tasks:
+            if spec.name == name:
+                return spec
+        listing = f" (its tasks: {', '.join(self.task_names)})" if len(self.tasks) <= 10 else ""
+        raise SuiteError(f"suite {self.name} has no task {name!r}{close_matches(name, self.task_names)}"
+                         f"{listing}")
+
+    def instruction(self, task: str) -> str:
+        return self.task(task).instruction
+
+    def max_steps(self, task: str) -> int:
+        return self.task(task).max_steps
+
+    def make_env(self, task: str, seed: int = 0) -> EpisodeEnv:
+        """An environment for ``task`` bound to ``seed``; call ``reset()`` to start the episode."""
+        self.task(task)  # fail on a bad name before building a simulator
+        return self.env_factory(self, task, seed)
+
+    def expert(self, task: str) -> ExpertPolicy:
+        """The scripted expert for ``task``, or ``NoExpertError`` saying why there is none."""
+        self.task(task)
+        if self.expert_factory is None:
+            raise NoExpertError(f"suite {self.name} has no scripted expert: {self.no_expert_reason}")
+        return self.expert_factory(self, task)
+
+    def catalogue_entry(self) -> dict[str, Any]:
+        """JSON-ready facts about the suite (no simulator needed)."""
+        return {
+            "name": self.name,
+            "simulator": self.simulator,
+            "description": self.description,
+            "state_dim": self.state_dim,
+            "action_dim": self.action_dim,
+            "action_low": list(self.action_low),
+            "action_high": list(self.action_high),
+            "fps": self.fps,
+            "has_expert": self.has_expert,
+            "tasks": [{"name": t.name, "instruction": t.instruction, "max_steps": t.max_steps}
+                      for t in self.tasks],
+        }
