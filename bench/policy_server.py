@@ -23,8 +23,6 @@ import asyncio
 import gc
 import os
 import platform
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,13 +30,13 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.policy_server.engines import EngineSettings, VllmEngine  # noqa: E402
 from services.policy_server.policy_format import load_policy_spec  # noqa: E402
+from services.policy_server.process import PolicyServerProcess  # noqa: E402
 from services.protocol.client import AsyncPolicyClient, ClientSettings  # noqa: E402
 from trainer.cli import main as trainer_main  # noqa: E402
 
@@ -117,31 +115,6 @@ async def bench_raw(checkpoint: Path, seconds: float, settings: EngineSettings,
         await engine.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_server(checkpoint: Path, *args: str) -> tuple[subprocess.Popen, int]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "services.policy_server", "--checkpoint", str(checkpoint),
-                             "--port", str(port), "--log-level", "warning", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"policy-server {args} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc, port
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("policy-server did not become ready")
-
-
 def _server_args(settings: EngineSettings) -> list[str]:
     """CLI flags giving a policy-server the same engine settings as the raw run."""
     args = ["--kv-cache-gib", f"{settings.kv_cache_gib:g}", "--max-num-seqs", str(settings.max_num_seqs)]
@@ -155,7 +128,8 @@ def _server_args(settings: EngineSettings) -> list[str]:
 
 
 async def bench_server(checkpoint: Path, seconds: float, *args: str) -> dict[int, Cell]:
-    proc, port = _start_server(checkpoint, *args)
+    server = PolicyServerProcess(checkpoint, "--log-level", "warning", *args).start()
+    port = server.port
     tasks = TASKS.split(",")
     states = _states(256)
     try:
@@ -177,8 +151,7 @@ async def bench_server(checkpoint: Path, seconds: float, *args: str) -> dict[int
             await asyncio.gather(*(c.close() for c in clients))
         return results
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        server.stop()
 
 
 def make_checkpoints(root: Path, sizes: list[str]) -> dict[str, Path]:

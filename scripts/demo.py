@@ -16,11 +16,8 @@ Everything lives under runs/demo/; a second run reuses the checkpoint.
 
 from __future__ import annotations
 
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,35 +25,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from services.policy_server.process import PolicyServerProcess  # noqa: E402
 from services.protocol.client import ActionChunkBroker, PolicyClient  # noqa: E402
 
 RUN_DIR = ROOT / "runs" / "demo"
 CHECKPOINT = RUN_DIR / "policy-untrained"
 TASKS = "reach-v3,push-v3,pick-place-v3"
 EPISODES, STEPS = 6, 40
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_ready(proc: subprocess.Popen, port: int, log: Path) -> None:
-    import httpx
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()) as progress:
-        progress.add_task("starting policy-server (vLLM engine)…")
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"policy-server exited with {proc.returncode}; see {log}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
 
 
 def main() -> int:
@@ -77,16 +52,14 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "trainer.cli", "init-policy", "--out", str(CHECKPOINT),
                         "--state-dim", "39", "--action-dim", "4", "--tasks", TASKS], check=True, cwd=ROOT)
 
-    port = _free_port()
-    log = RUN_DIR / "policy-server.log"
-    console.print(f"[2/4] policy-server on 127.0.0.1:{port} (log: {log.relative_to(ROOT)})")
-    proc = subprocess.Popen([sys.executable, "-m", "services.policy_server", "--checkpoint", str(CHECKPOINT),
-                             "--port", str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    server = PolicyServerProcess(CHECKPOINT, log_dir=RUN_DIR)
+    console.print(f"[2/4] policy-server on 127.0.0.1:{server.port} (log: {server.log_path.relative_to(ROOT)})")
     try:
-        _wait_ready(proc, port, log)
+        with console.status("starting policy-server (vLLM engine)…"):
+            server.start()
         console.print("[3/4] driving episodes through the WebSocket protocol")
         rng = np.random.default_rng(0)
-        with PolicyClient(f"ws://127.0.0.1:{port}/ws") as client:
+        with PolicyClient(server.ws_url) as client:
             meta = client.metadata
             console.print(f"      handshake: policy {meta.policy_name!r}, checkpoint {meta.checkpoint_sha256[:12]}…, "
                           f"state {meta.state_dim}, action {meta.action_dim}, chunk {meta.chunk_size}, "
@@ -111,11 +84,7 @@ def main() -> int:
         console.print(table)
     finally:
         console.print("[4/4] stopping policy-server (SIGTERM drains in-flight requests)")
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
     console.print("demo finished; the untrained policy's actions are not meaningful yet — training lands next.")
     return 0
 

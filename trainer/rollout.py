@@ -10,19 +10,17 @@ loop as the distributed workers (``benchmarks.runner.run_episode``) with an
 action-chunk broker. Prints the per-task success table; ``--json`` also writes it.
 This is the sequential reference the distributed evaluation is measured against.
 
-The policy client is ``services.protocol``, the wire protocol's leaf package
-(msgpack, numpy and websockets only): it is the one piece of ``services`` a
-training environment needs, and it carries none of the service stack.
+Two small pieces come from ``services``, and neither carries the service stack:
+the policy client (``services.protocol``, the wire protocol's leaf package:
+msgpack, numpy and websockets only) and the launcher that runs ``policy-server``
+as a subprocess (``services.policy_server.process``). No server code runs in
+this process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import signal
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -32,6 +30,7 @@ import numpy as np
 from benchmarks.registry import get_suite
 from benchmarks.runner import EpisodeOutcome, run_episode
 from benchmarks.suite import SuiteError, evaluation_seed
+from services.policy_server.process import PolicyServerProcess
 from services.protocol.client import ActionChunkBroker, PolicyClient
 
 
@@ -46,49 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-episode", type=int, default=0,
                         help="index of the first evaluation seed (episode i uses evaluation_seed(first + i))")
     parser.add_argument("--json", type=Path, help="also write per-episode results and the table here")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class _StartedServer:
-    """A policy-server subprocess on a free loopback port, stopped with SIGTERM."""
-
-    def __init__(self, checkpoint: Path, engine: str) -> None:
-        import httpx
-
-        self.port = _free_port()
-        self.log = checkpoint / f"rollout-policy-server-{self.port}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.policy_server", "--checkpoint", str(checkpoint), "--port",
-             str(self.port), "--engine", engine], stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"trainer rollout: policy-server exited with {self.proc.returncode}; see {self.log}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        self.stop()
-        raise SystemExit(f"trainer rollout: policy-server did not become ready in 300 s; see {self.log}")
-
-    @property
-    def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
 def _check_policy_fits_suite(client: PolicyClient, suite_name: str, tasks: list[str]) -> None:
@@ -178,10 +134,16 @@ def run(args: argparse.Namespace) -> list[dict]:
     if args.policy_server is None and args.checkpoint is None:
         raise SystemExit("trainer rollout: give --checkpoint (a server is started on it) or --policy-server URL")
 
-    server = None if args.policy_server else _StartedServer(args.checkpoint, args.engine)
+    server = None
+    if not args.policy_server:
+        server = PolicyServerProcess(args.checkpoint, "--engine", args.engine, log_dir=args.checkpoint)
+        try:
+            server.start()
+        except RuntimeError as exc:
+            raise SystemExit(f"trainer rollout: could not start a policy server on {args.checkpoint}: {exc}") from None
     started = time.perf_counter()
     try:
-        results = rollout(args.policy_server or server.url, args.suite, tasks, args.episodes_per_task,
+        results = rollout(args.policy_server or server.ws_url, args.suite, tasks, args.episodes_per_task,
                           max_steps=args.max_steps, first_episode=args.first_episode)
     finally:
         if server is not None:

@@ -3,18 +3,11 @@ real `policy-server` processes on free ports (the vLLM one starts once per sessi
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
+from services.policy_server.process import PolicyServerProcess
 from trainer.cli import main as trainer_main
 
 STATE_DIM, ACTION_DIM, CHUNK = 39, 4, 4
@@ -30,66 +23,9 @@ def make_checkpoint(out: Path, **overrides: object) -> Path:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class ServerProcess:
-    proc: subprocess.Popen
-    port: int
-    log_path: Path
-    ready_when_first_healthy: bool | None = None
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-    @property
-    def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-def start_server(checkpoint: Path, log_dir: Path, *args: str, timeout: float = 240) -> ServerProcess:
-    """Start `policy-server` and wait until /readyz says ready."""
-    port = free_port()
-    log_path = log_dir / f"policy-server-{port}.log"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.policy_server", "--checkpoint", str(checkpoint), "--port", str(port), *args],
-        stdout=log_path.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = ServerProcess(proc, port, log_path)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"policy-server exited with {proc.returncode}:\n{server.log()}")
-        try:
-            if httpx.get(f"{server.http_url}/healthz", timeout=1).status_code == 200:
-                ready = httpx.get(f"{server.http_url}/readyz", timeout=1).status_code == 200
-                if server.ready_when_first_healthy is None:
-                    server.ready_when_first_healthy = ready
-                if ready:
-                    return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.stop(signal.SIGKILL)
-    raise RuntimeError(f"policy-server did not become ready in {timeout}s:\n{server.log()}")
+def start_server(checkpoint: Path, log_dir: Path, *args: str, timeout: float = 240) -> PolicyServerProcess:
+    """Start `policy-server` (logging into ``log_dir``) and wait until /readyz says ready."""
+    return PolicyServerProcess(checkpoint, *args, log_dir=log_dir).start(timeout)
 
 
 @pytest.fixture(scope="session")
