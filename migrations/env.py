@@ -1,0 +1,61 @@
+"""Alembic environment for the EvalForge store.
+
+The URL is, in order: ``config.attributes["database_url"]`` (set by
+``services.store.migrate`` and the tests), else ``DATABASE_URL`` through
+``StoreSettings``. SQLite runs in batch mode, because its ALTER TABLE cannot change
+columns or constraints in place. The models' metadata is the autogenerate target,
+so ``alembic check`` (and a test) catch a model change without a migration.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import Connection
+
+from services.store.db import make_engine
+from services.store.models import Base
+from services.store.settings import StoreSettings, normalise_database_url
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _database_url() -> str:
+    url = config.attributes.get("database_url")
+    return normalise_database_url(url) if url else StoreSettings().database_url
+
+
+def _configure(connection: Connection | None = None, url: str | None = None) -> None:
+    backend = connection.dialect.name if connection is not None else (url or "").split(":", 1)[0]
+    context.configure(connection=connection, url=url, target_metadata=target_metadata,
+                      render_as_batch=backend.startswith("sqlite"), compare_type=True)
+
+
+def run_migrations_offline() -> None:
+    """Emit SQL to stdout (``alembic upgrade head --sql``) without a database."""
+    _configure(url=_database_url())
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _configure(connection)
+        with context.begin_transaction():
+            context.run_migrations()
+        return
+    engine = make_engine(url=_database_url())
+    try:
+        with engine.connect() as connection:
+            _configure(connection)
+            with context.begin_transaction():
+                context.run_migrations()
+    finally:
+        engine.dispose()
+
+
+if context.is_offline_mode():
+    run_migrations_offline()
+else:
+    run_migrations_online()

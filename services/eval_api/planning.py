@@ -1,0 +1,92 @@
+"""Turning a ``POST /evaluations`` request into episodes, checked against the suite catalogue.
+
+The catalogue (``benchmarks.registry.catalogue()``) gives each suite's tasks,
+dimensions and step limits without importing any simulator. A request is refused
+(422, naming the fix) when the suite or a task does not exist, when the policy's
+dimensions or task vocabulary do not fit the suite, when ``max_steps`` exceeds a
+task's own limit, or when it asks for more episodes than the server allows.
+
+Seeds: episode ``i`` of each task runs ``evaluation_seed(seed + i)`` — evaluation
+seeds never overlap the demonstration seeds a policy was trained on, and every task
+of one evaluation sees the same seed sequence.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks.registry import catalogue
+from benchmarks.suite import close_matches, evaluation_seed
+from services.eval_api.errors import ApiError
+from services.eval_api.schemas import EvaluationCreate
+from services.store.models import Policy
+from services.store.queries import EpisodeSpec
+
+
+@functools.cache
+def suites_by_name() -> dict[str, dict[str, Any]]:
+    """The catalogue, by suite name (read once per process)."""
+    return {entry["name"]: entry for entry in catalogue()}
+
+
+def get_suite_entry(name: str) -> dict[str, Any]:
+    """The catalogue entry of suite ``name``; a 422 ``unknown_suite`` listing close matches otherwise."""
+    suites = suites_by_name()
+    if name not in suites:
+        raise ApiError(422, "unknown_suite", f"unknown suite {name!r}{close_matches(name, list(suites))}; "
+                       f"GET /suites lists all {len(suites)}")
+    return suites[name]
+
+
+@dataclass(frozen=True)
+class EvaluationPlan:
+    tasks: list[str]
+    episodes: list[EpisodeSpec]
+    standard: bool
+
+
+def plan_evaluation(request: EvaluationCreate, policy: Policy, *, max_episodes: int) -> EvaluationPlan:
+    """The episodes ``request`` asks for, in task-major order; ``ApiError`` (422) if it cannot run."""
+    suite = get_suite_entry(request.suite)
+    limits = {task["name"]: task["max_steps"] for task in suite["tasks"]}
+    tasks = list(request.tasks) if request.tasks is not None else list(limits)
+    unknown = [task for task in tasks if task not in limits]
+    if unknown:
+        hint = close_matches(unknown[0], list(limits))
+        raise ApiError(422, "unknown_task", f"suite {suite['name']} has no task {unknown[0]!r}{hint}; "
+                       f"GET /suites/{suite['name']} lists its {len(limits)} tasks",
+                       {"unknown_tasks": unknown})
+    if (policy.state_dim, policy.action_dim) != (suite["state_dim"], suite["action_dim"]):
+        raise ApiError(422, "incompatible_policy",
+                       f"policy {policy.id} ({policy.name}) has state/action dims {policy.state_dim}/"
+                       f"{policy.action_dim} but suite {suite['name']} needs {suite['state_dim']}/"
+                       f"{suite['action_dim']}; evaluate it on a suite with its dimensions")
+    known = set(policy.tasks)
+    missing = [task for task in tasks if task not in known]
+    if missing:
+        usable = [task for task in tasks if task in known]
+        fix = (f"pass `tasks` with those it knows ({', '.join(usable[:10])})" if usable
+               else "it knows none of this suite's tasks")
+        raise ApiError(422, "incompatible_policy",
+                       f"policy {policy.id} ({policy.name}) was not trained on task(s) {', '.join(missing[:10])} "
+                       f"of suite {suite['name']}; {fix}", {"missing_tasks": missing})
+    total = len(tasks) * request.episodes_per_task
+    if total > max_episodes:
+        raise ApiError(422, "too_many_episodes",
+                       f"{len(tasks)} task(s) × {request.episodes_per_task} episodes = {total} episodes, over this "
+                       f"server's limit of {max_episodes} per evaluation; lower episodes_per_task or split the "
+                       "tasks over several evaluations", {"episodes": total, "limit": max_episodes})
+    if request.max_steps is not None:
+        over = {task: limits[task] for task in tasks if request.max_steps > limits[task]}
+        if over:
+            raise ApiError(422, "invalid_max_steps",
+                           f"max_steps {request.max_steps} exceeds the step limit of task(s) "
+                           f"{', '.join(f'{t} ({n})' for t, n in list(over.items())[:5])}; use at most "
+                           f"{min(over.values())} or omit max_steps", {"limits": over})
+    episodes = [EpisodeSpec(task=task, seed=evaluation_seed(request.seed + i),
+                            max_steps=request.max_steps or limits[task])
+                for task in tasks for i in range(request.episodes_per_task)]
+    standard = set(tasks) == set(limits) and all(spec.max_steps == limits[spec.task] for spec in episodes)
+    return EvaluationPlan(tasks=tasks, episodes=episodes, standard=standard)

@@ -1,0 +1,164 @@
+"""``/evaluations``: submit (idempotently), list, read, page through episodes, cancel."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Response
+from sqlalchemy.orm import Session
+
+from services.eval_api.deps import (
+    EpisodeQueueDep,
+    MetricsDep,
+    ReadAccessDep,
+    SessionDep,
+    SettingsDep,
+    WriteKeyDep,
+)
+from services.eval_api.errors import ApiError
+from services.eval_api.metrics import ApiMetrics
+from services.eval_api.pagination import decode_page_cursor, encode_cursor, page_limit
+from services.eval_api.planning import plan_evaluation
+from services.eval_api.queue import EpisodeQueue
+from services.eval_api.schemas import (
+    MAX_ID,
+    EpisodeOut,
+    EvaluationCreate,
+    EvaluationDetail,
+    EvaluationOut,
+    Name,
+    Page,
+    Tag,
+    error_responses,
+)
+from services.store import queries
+from services.store.aggregates import EpisodeResult, summarize
+from services.store.models import EpisodeStatus, Evaluation, EvaluationStatus
+
+router = APIRouter(prefix="/evaluations", tags=["evaluations"])
+
+EvaluationId = Annotated[int, Path(ge=1, le=MAX_ID)]
+IdempotencyKey = Annotated[str | None, Header(
+    alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$",
+    description="Retry-safe submission: the same key with the same body returns the same evaluation.")]
+
+
+def evaluation_detail(evaluation: Evaluation, results: dict[str, Any]) -> EvaluationDetail:
+    summary = EvaluationOut.model_validate(evaluation).model_dump()
+    return EvaluationDetail(**summary, counts=results["counts"], overall=results["overall"],
+                            per_task=results["per_task"])
+
+
+def _get_or_404(session: Session, evaluation_id: int) -> Evaluation:
+    evaluation = queries.get_evaluation(session, evaluation_id)
+    if evaluation is None:
+        raise ApiError(404, "not_found", f"no evaluation with id {evaluation_id}; GET /evaluations lists them")
+    return evaluation
+
+
+def _request_sha256(body: EvaluationCreate) -> str:
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _enqueue(queue: EpisodeQueue, metrics: ApiMetrics, episode_ids: list[int]) -> None:
+    sent = queue.enqueue(episode_ids)
+    metrics.episodes_enqueued.inc(sent)
+    if sent < len(episode_ids):
+        metrics.episodes_not_enqueued.inc(len(episode_ids) - sent)
+
+
+@router.post("", status_code=202, response_model=EvaluationDetail,
+             responses=error_responses(401, 403, 409, 413, 422))
+def create_evaluation(body: EvaluationCreate, response: Response, background: BackgroundTasks,
+                      session: SessionDep, settings: SettingsDep, metrics: MetricsDep, episode_queue: EpisodeQueueDep,
+                      _key: WriteKeyDep, idempotency_key: IdempotencyKey = None) -> EvaluationDetail:
+    """Evaluate a policy on a suite: store the evaluation with one `pending` row per episode, then
+    enqueue one task per episode. Answers 202 with the evaluation and its `Location`.
+
+    With `Idempotency-Key`, a retry with the same body returns the same evaluation (202,
+    `Idempotent-Replayed: true`) and enqueues nothing; the same key with another body is a 409.
+    """
+    policy = queries.get_policy(session, body.policy_id)
+    if policy is None:
+        raise ApiError(422, "unknown_policy", f"no policy with id {body.policy_id}; register the policy server "
+                       "with POST /policies first", {"policy_id": body.policy_id})
+    plan = plan_evaluation(body, policy, max_episodes=settings.max_episodes_per_evaluation)
+    try:
+        created = queries.create_evaluation(
+            session, policy_id=policy.id, suite=body.suite, tasks=plan.tasks,
+            episodes_per_task=body.episodes_per_task, seed=body.seed, max_steps=body.max_steps,
+            standard=plan.standard, tags=body.tags, episodes=plan.episodes, idempotency_key=idempotency_key,
+            request_sha256=_request_sha256(body) if idempotency_key is not None else None)
+    except queries.IdempotencyConflict as exc:
+        raise ApiError(409, "idempotency_conflict", str(exc), {"evaluation_id": exc.evaluation_id}) from exc
+    evaluation = created.evaluation
+    response.headers["Location"] = f"/evaluations/{evaluation.id}"
+    if not created.created:
+        response.headers["Idempotent-Replayed"] = "true"
+        return evaluation_detail(evaluation, queries.evaluation_results(session, evaluation))
+    metrics.evaluations_created.inc()
+    # After the commit above, and after the response is sent: publishing 1,000 tasks takes
+    # longer than the insert, and a crash in between only leaves episodes pending for the sweeper.
+    background.add_task(_enqueue, episode_queue, metrics, created.episode_ids)
+    results = summarize([EpisodeResult(task=spec.task, status=EpisodeStatus.PENDING.value)
+                         for spec in plan.episodes], plan.tasks)
+    return evaluation_detail(evaluation, results)
+
+
+@router.get("", response_model=Page[EvaluationOut], responses=error_responses(401, 403, 422))
+def list_evaluations(session: SessionDep, settings: SettingsDep, _read: ReadAccessDep,
+                     policy_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+                     suite: Annotated[Name | None, Query()] = None,
+                     status: Annotated[EvaluationStatus | None, Query()] = None,
+                     tag: Annotated[Tag | None, Query()] = None,
+                     cursor: Annotated[str | None, Query(max_length=200)] = None,
+                     limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> Page[EvaluationOut]:
+    """Evaluations, newest first, filtered by policy, suite, status and tag (all optional)."""
+    limit = page_limit(limit, settings.max_page_size)
+    rows = queries.list_evaluations(session, policy_id=policy_id, suite=suite,
+                                    status=status.value if status else None, tag=tag,
+                                    before_id=decode_page_cursor(cursor, "evaluation"), limit=limit + 1)
+    items = [EvaluationOut.model_validate(row) for row in rows[:limit]]
+    next_cursor = encode_cursor("evaluation", items[-1].id) if len(rows) > limit else None
+    return Page(items=items, next_cursor=next_cursor)
+
+
+@router.get("/{evaluation_id}", response_model=EvaluationDetail, responses=error_responses(401, 403, 404, 422))
+def get_evaluation(evaluation_id: EvaluationId, session: SessionDep, _read: ReadAccessDep) -> EvaluationDetail:
+    """Status, episode counts by status, and per-task and overall results: success rate with its
+    Wilson 95% interval, mean steps, policy latency p50/p95, failure reasons."""
+    evaluation = _get_or_404(session, evaluation_id)
+    return evaluation_detail(evaluation, queries.evaluation_results(session, evaluation))
+
+
+@router.get("/{evaluation_id}/episodes", response_model=Page[EpisodeOut],
+            responses=error_responses(401, 403, 404, 422))
+def list_episodes(evaluation_id: EvaluationId, session: SessionDep, settings: SettingsDep, _read: ReadAccessDep,
+                  status: Annotated[EpisodeStatus | None, Query()] = None,
+                  cursor: Annotated[str | None, Query(max_length=200)] = None,
+                  limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> Page[EpisodeOut]:
+    """An evaluation's episodes in index order (optionally only those with `status`)."""
+    limit = page_limit(limit, settings.max_page_size)
+    _get_or_404(session, evaluation_id)
+    rows = queries.list_episodes(session, evaluation_id, after_index=decode_page_cursor(cursor, "episode"),
+                                 status=status.value if status else None, limit=limit + 1)
+    items = [EpisodeOut.model_validate(row) for row in rows[:limit]]
+    next_cursor = encode_cursor("episode", items[-1].episode_index) if len(rows) > limit else None
+    return Page(items=items, next_cursor=next_cursor)
+
+
+@router.post("/{evaluation_id}/cancel", response_model=EvaluationDetail,
+             responses=error_responses(401, 403, 404, 409, 422))
+def cancel_evaluation(evaluation_id: EvaluationId, session: SessionDep, _key: WriteKeyDep) -> EvaluationDetail:
+    """Cancel: pending episodes become `cancelled`, running ones finish. Cancelling twice is
+    harmless; cancelling a finished or failed evaluation is a 409."""
+    try:
+        evaluation = queries.cancel_evaluation(session, evaluation_id)
+    except queries.NotFound as exc:
+        raise ApiError(404, "not_found", f"{exc}; GET /evaluations lists them") from exc
+    except queries.EvaluationAlreadyDone as exc:
+        raise ApiError(409, "evaluation_finished", str(exc)) from exc
+    return evaluation_detail(evaluation, queries.evaluation_results(session, evaluation))

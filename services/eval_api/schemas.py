@@ -1,0 +1,263 @@
+"""Request and response bodies of the evaluation API (pydantic).
+
+Requests are strict: unknown fields are refused (``extra="forbid"``), numbers must
+be JSON numbers, and text may not hold NUL characters or lone surrogates (which
+PostgreSQL cannot store), so a bad request is always a 422 naming the field.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Generic, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
+
+from services.store.models import EpisodeStatus, EvaluationStatus
+
+MAX_ID = 2**63 - 1  # ids are 64-bit; larger numbers are refused before they reach the database
+MAX_SEED = 1_000_000_000  # evaluation seeds (EVAL_SEED_START + seed + i) stay below 2**31 for every simulator
+
+
+def _printable_text(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("must be valid Unicode text (no lone surrogates)") from exc
+    return value
+
+
+_NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
+Text = Annotated[str, AfterValidator(_printable_text)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=_NO_CONTROL),
+                 AfterValidator(_printable_text)]
+Version = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=_NO_CONTROL),
+                    AfterValidator(_printable_text)]
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/=+-]*$")]
+Endpoint = Annotated[str, StringConstraints(min_length=6, max_length=2000, pattern=r"^wss?://[^\s/?#]+[^\s]*$"),
+                     AfterValidator(_printable_text)]
+Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="Stable, machine-readable error code.")
+    message: str = Field(description="What was wrong with which input, and how to fix it.")
+    details: Any = Field(None, description="Structured extras (e.g. the failing fields).")
+
+
+class ErrorOut(BaseModel):
+    error: ErrorDetail
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` for routes that can answer these error statuses."""
+    return {status: {"model": ErrorOut} for status in statuses}
+
+
+# ---------------------------------------------------------------------------- policies
+
+
+class PolicyCreate(_Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"name": "bc", "endpoint": "ws://policy.test:8000/ws"}]})
+
+    name: Name = Field(description="Policy name, e.g. `metaworld-mt10-bc`.")
+    version: Version | None = Field(
+        None, description="Version label; default: the first 12 hex digits of the checkpoint's sha256.")
+    endpoint: Endpoint = Field(description="The policy server's WebSocket URL, e.g. `ws://gpu-3:8000/ws`.")
+
+
+class PolicyOut(_Response):
+    id: int
+    name: str
+    version: str
+    endpoint: str
+    checkpoint_sha256: str
+    state_dim: int
+    action_dim: int
+    chunk_size: int
+    tasks: list[str]
+    created_at: datetime
+
+
+class PolicyRef(_Response):
+    id: int
+    name: str
+    version: str
+    checkpoint_sha256: str
+
+
+# ---------------------------------------------------------------------------- evaluations
+
+
+class EvaluationCreate(_Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"policy_id": 1, "suite": "metaworld-mt10", "episodes_per_task": 10, "seed": 0},
+        {"policy_id": 1, "suite": "metaworld-mt10", "episodes_per_task": 2, "seed": 100, "tasks": ["reach-v3"],
+         "max_steps": 200, "tags": ["smoke"]}]})
+
+    policy_id: Id = Field(description="A registered policy (`POST /policies`).")
+    suite: Name = Field(description="Benchmark suite (`GET /suites`).")
+    episodes_per_task: int = Field(ge=1, le=1_000_000, description="Episodes per task (capped by the server).")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description=(
+        "Episode i of each task runs evaluation seed `seed + i` (disjoint from demonstration seeds)."))
+    tasks: list[Name] | None = Field(None, min_length=1, max_length=500,
+                                     description="A subset of the suite's tasks; default: all of them.")
+    max_steps: int | None = Field(None, ge=1, le=1_000_000,
+                                  description="Step limit per episode, at most each task's own; default: the task's.")
+    tags: list[Tag] = Field(default_factory=list, max_length=20, description="Labels to filter listings by.")
+
+    @field_validator("tasks")
+    @classmethod
+    def _distinct_tasks(cls, tasks: list[str] | None) -> list[str] | None:
+        if tasks is not None:
+            repeated = sorted({t for t in tasks if tasks.count(t) > 1})
+            if repeated:
+                raise ValueError(f"tasks must be distinct; repeated: {', '.join(repeated)}")
+        return tasks
+
+
+class Interval(BaseModel):
+    low: float
+    high: float
+
+
+class Latency(BaseModel):
+    p50: float | None = Field(description="Median of the episodes' mean policy latency, ms.")
+    p95: float | None = Field(description="95th percentile of the episodes' p95 policy latency, ms.")
+
+
+class Results(BaseModel):
+    episodes: int
+    scored: int = Field(description="Episodes that count toward the success rate (see the API docs).")
+    succeeded: int
+    success_rate: float | None
+    ci95: Interval | None = Field(description="Wilson 95% interval of the success rate.")
+    mean_steps: float | None
+    latency_ms: Latency | None
+    failure_reasons: dict[str, int]
+
+
+class TaskResults(Results):
+    task: str
+
+
+class EvaluationOut(_Response):
+    id: int
+    policy: PolicyRef
+    suite: str
+    tasks: list[str]
+    episodes_per_task: int
+    seed: int
+    max_steps: int | None
+    standard: bool = Field(description="Every task of the suite at its standard step limits (leaderboard-eligible).")
+    tags: list[str]
+    status: EvaluationStatus
+    episodes_total: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    cancelled_at: datetime | None
+    success_rate: float | None = Field(description="Final success rate (set once the evaluation is finalised).")
+
+
+class EvaluationDetail(EvaluationOut):
+    counts: dict[str, int] = Field(description="Episodes per status.")
+    overall: Results
+    per_task: list[TaskResults]
+
+
+class EpisodeOut(_Response):
+    id: int
+    episode_index: int
+    task: str
+    seed: int
+    max_steps: int
+    status: EpisodeStatus
+    success: bool | None
+    total_return: float | None
+    steps: int | None
+    duration_s: float | None
+    latency_mean_ms: float | None
+    latency_p95_ms: float | None
+    failure_reason: str | None
+    error_message: str | None
+    attempts: int
+    worker_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+ItemT = TypeVar("ItemT")
+
+
+class Page(BaseModel, Generic[ItemT]):
+    items: list[ItemT]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+# ---------------------------------------------------------------------------- leaderboard, suites, health
+
+
+class LeaderboardEntryOut(BaseModel):
+    rank: int
+    policy: PolicyRef
+    evaluation_id: int
+    success_rate: float
+    ci95: Interval
+    episodes: int = Field(description="Scored episodes behind the success rate.")
+    finished_at: datetime
+
+
+class LeaderboardOut(BaseModel):
+    suite: str
+    include_nonstandard: bool
+    entries: list[LeaderboardEntryOut]
+
+
+class SuiteTask(BaseModel):
+    name: str
+    instruction: str
+    max_steps: int
+
+
+class SuiteOut(BaseModel):
+    name: str
+    simulator: str
+    description: str
+    state_dim: int
+    action_dim: int
+    action_low: list[float]
+    action_high: list[float]
+    fps: float
+    has_expert: bool
+    tasks: list[SuiteTask]
+
+
+class HealthOut(BaseModel):
+    status: str
+
+
+class ReadyOut(BaseModel):
+    status: str
+    checks: dict[str, str]
+

@@ -1,0 +1,270 @@
+"""The store's tables as SQLAlchemy 2 typed models: policies, evaluations, episodes, API keys.
+
+Alembic owns the schema (``migrations/``); these classes describe it, and a test
+proves the two agree. Identifiers are 64-bit integers (``INTEGER`` on SQLite, where
+only that type aliases the rowid). Timestamps are timezone-aware UTC on both
+backends (``UtcDateTime``). Statuses are short strings with a CHECK constraint
+rather than database enums, so adding a state is a plain migration.
+
+Indexes and who needs them:
+
+- ``episodes (evaluation_id, episode_index)`` unique: one row per episode of an
+  evaluation (a redelivered task can never create a second one), episode listing
+  in index order, and per-evaluation aggregates.
+- ``episodes (status, lease_expires_at)``: the sweeper's "pending too long / lease
+  expired" scan.
+- ``evaluations (suite, status, policy_id, success_rate)``: the leaderboard (best
+  finished evaluation per policy in a suite) without touching episodes.
+- ``evaluations (policy_id, id)``, ``(status, id)``, ``(suite, id)``: filtered
+  listings, newest first, keyset-paginated on ``id``.
+- ``evaluation_tags (tag, evaluation_id)``: the listing's tag filter.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# 64-bit keys on PostgreSQL; on SQLite only "INTEGER PRIMARY KEY" is the auto-assigned rowid.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+JsonDoc = JSON().with_variant(JSONB(), "postgresql")
+
+
+def utcnow() -> datetime:
+    """Now, timezone-aware UTC (the only kind of datetime the store accepts)."""
+    return datetime.now(UTC)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """``TIMESTAMP WITH TIME ZONE`` that reads back aware UTC on PostgreSQL and SQLite alike.
+
+    SQLite has no time zones: values are stored as naive UTC text (which sorts and
+    compares correctly) and get ``tzinfo=UTC`` back on load. Naive input is refused,
+    because a local time silently stored as UTC would shift leases by hours.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the store needs timezone-aware values "
+                             "(use services.store.models.utcnow())")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class EvaluationStatus(enum.StrEnum):
+    PENDING = "pending"  # created, no episode claimed yet
+    RUNNING = "running"  # at least one episode claimed
+    FINISHED = "finished"  # every episode terminal and at least one scored
+    CANCELLED = "cancelled"  # cancelled by a user; finalised once running episodes end
+    FAILED = "failed"  # every episode terminal, none scored (all harness errors)
+
+
+class EpisodeStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_EPISODE_STATUSES = (EpisodeStatus.SUCCEEDED, EpisodeStatus.FAILED, EpisodeStatus.CANCELLED)
+
+
+class FailureReason(enum.StrEnum):
+    """Why an episode did not run to its end. ``None`` on a failed episode means it ran
+    out of steps without success."""
+
+    POLICY_TIMEOUT = "policy_timeout"  # the policy server did not answer in time
+    POLICY_ERROR = "policy_error"  # the policy server answered with an error / malformed actions
+    ENV_ERROR = "env_error"  # the simulator raised
+    WORKER_LOST = "worker_lost"  # the worker died and the episode ran out of attempts
+    CANCELLED = "cancelled"  # the evaluation was cancelled before the episode ran
+
+
+# Failures the policy is not answerable for: left out of success rates (but reported).
+HARNESS_FAILURES = (FailureReason.ENV_ERROR, FailureReason.WORKER_LOST)
+
+
+def _check_in(column: str, values: type[enum.StrEnum], name: str) -> CheckConstraint:
+    allowed = ", ".join(f"'{v.value}'" for v in values)
+    return CheckConstraint(f"{column} IN ({allowed})", name=name)
+
+
+# Deterministic constraint names on both backends, so later migrations can name what they drop.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_N_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Every table of the store; ``Base.metadata`` is what Alembic compares migrations against."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class Policy(Base):
+    """A policy server registered for evaluation, with what its handshake said."""
+
+    __tablename__ = "policies"
+    __table_args__ = (UniqueConstraint("name", "version"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    version: Mapped[str] = mapped_column(String(100))
+    endpoint: Mapped[str] = mapped_column(String(2000))
+    checkpoint_sha256: Mapped[str] = mapped_column(String(64))
+    state_dim: Mapped[int] = mapped_column(Integer)
+    action_dim: Mapped[int] = mapped_column(Integer)
+    chunk_size: Mapped[int] = mapped_column(Integer)
+    tasks: Mapped[list[str]] = mapped_column(JsonDoc)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+class Evaluation(Base):
+    """One request to evaluate a policy on a suite; owns one row per episode.
+
+    The result columns (``episodes_scored`` … ``aggregates``) are written once, by
+    ``finalize_evaluation_if_done``; until then the API computes them live.
+    """
+
+    __tablename__ = "evaluations"
+    __table_args__ = (
+        _check_in("status", EvaluationStatus, "status"),
+        Index("ix_evaluations_leaderboard", "suite", "status", "policy_id", "success_rate"),
+        Index("ix_evaluations_policy_id_id", "policy_id", "id"),
+        Index("ix_evaluations_status_id", "status", "id"),
+        Index("ix_evaluations_suite_id", "suite", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    policy_id: Mapped[int] = mapped_column(BigId, ForeignKey("policies.id", ondelete="RESTRICT"))
+    suite: Mapped[str] = mapped_column(String(200))
+    tasks: Mapped[list[str]] = mapped_column(JsonDoc)
+    episodes_per_task: Mapped[int] = mapped_column(Integer)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    max_steps: Mapped[int | None] = mapped_column(Integer)  # None: each task's own limit
+    # Every task of the suite at its standard step limits: comparable on the leaderboard.
+    standard: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[str] = mapped_column(String(16), default=EvaluationStatus.PENDING.value)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    request_sha256: Mapped[str | None] = mapped_column(String(64))
+    episodes_total: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    cancelled_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    # Final results (set once, at finalisation).
+    episodes_scored: Mapped[int | None] = mapped_column(Integer)
+    episodes_succeeded: Mapped[int | None] = mapped_column(Integer)
+    success_rate: Mapped[float | None] = mapped_column(Float)
+    success_ci_low: Mapped[float | None] = mapped_column(Float)
+    success_ci_high: Mapped[float | None] = mapped_column(Float)
+    aggregates: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
+
+    policy: Mapped[Policy] = relationship(lazy="joined", innerjoin=True)
+    tag_rows: Mapped[list[EvaluationTag]] = relationship(
+        lazy="selectin", cascade="all, delete-orphan", order_by="EvaluationTag.tag")
+
+    @property
+    def tags(self) -> list[str]:
+        return [row.tag for row in self.tag_rows]
+
+    @property
+    def finalised(self) -> bool:
+        return self.finished_at is not None
+
+
+class EvaluationTag(Base):
+    """A free-form label on an evaluation (``baseline``, ``nightly``…), filterable in listings."""
+
+    __tablename__ = "evaluation_tags"
+    __table_args__ = (Index("ix_evaluation_tags_tag_evaluation_id", "tag", "evaluation_id"),)
+
+    evaluation_id: Mapped[int] = mapped_column(BigId, ForeignKey("evaluations.id", ondelete="CASCADE"),
+                                               primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
+class Episode(Base):
+    """One episode of an evaluation: what to run, who runs it, and what happened."""
+
+    __tablename__ = "episodes"
+    __table_args__ = (
+        UniqueConstraint("evaluation_id", "episode_index"),
+        _check_in("status", EpisodeStatus, "status"),
+        CheckConstraint("failure_reason IS NULL OR failure_reason IN ("
+                        + ", ".join(f"'{r.value}'" for r in FailureReason) + ")",
+                        name="failure_reason"),
+        Index("ix_episodes_status_lease_expires_at", "status", "lease_expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    evaluation_id: Mapped[int] = mapped_column(BigId, ForeignKey("evaluations.id", ondelete="CASCADE"))
+    episode_index: Mapped[int] = mapped_column(Integer)
+    task: Mapped[str] = mapped_column(String(200))
+    seed: Mapped[int] = mapped_column(BigInteger)
+    max_steps: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default=EpisodeStatus.PENDING.value)
+    success: Mapped[bool | None] = mapped_column(Boolean)
+    total_return: Mapped[float | None] = mapped_column(Float)
+    steps: Mapped[int | None] = mapped_column(Integer)
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    latency_mean_ms: Mapped[float | None] = mapped_column(Float)
+    latency_p95_ms: Mapped[float | None] = mapped_column(Float)
+    failure_reason: Mapped[str | None] = mapped_column(String(32))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
+class ApiKey(Base):
+    """An API key. Only its SHA-256 is stored: keys are 256-bit random, so a fast hash is
+    enough (no password-style stretching needed) and a leaked table reveals no key."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    key_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # the first characters, to recognise a key in listings
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime())

@@ -1,0 +1,54 @@
+"""The Celery app the episode workers run (the workers issue adds the tasks to it).
+
+Configured for at-least-once delivery of episode ids, which the store's claim /
+finish-once rules make safe:
+
+- ``task_acks_late``: a task is acknowledged after it ran, not when received, so a
+  worker killed mid-episode does not lose the message;
+- ``task_reject_on_worker_lost``: ...and the message goes back to the queue when
+  the worker process dies, instead of being acknowledged as failed;
+- ``worker_prefetch_multiplier=1``: a worker holds one episode at a time, so long
+  episodes do not sit reserved behind each other on one busy worker;
+- ``visibility_timeout`` (Redis): how long an unacknowledged message waits before
+  redelivery — longer than any episode;
+- JSON only: the queue carries episode ids, never pickles.
+
+The API does not import this module; it publishes ``RUN_EPISODE_TASK`` by name to
+``EPISODE_QUEUE`` with a producer app of its own (``services/eval_api/queue.py``),
+and a test checks that both sides agree.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from services.workers.settings import WorkerSettings
+from services.workers.settings import settings as default_settings
+
+RUN_EPISODE_TASK = "evalforge.run_episode"
+"""Task name; its one argument is the episode id."""
+
+
+def make_celery_app(settings: WorkerSettings | None = None) -> Celery:
+    """The workers' Celery app for ``settings`` (default: from the environment)."""
+    settings = settings or default_settings
+    celery = Celery("evalforge", broker=settings.effective_broker_url, set_as_current=False)
+    celery.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,  # results live in the store, not in a Celery backend
+        task_default_queue=settings.episode_queue,
+        task_routes={RUN_EPISODE_TASK: {"queue": settings.episode_queue}},
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+    )
+    return celery
+
+
+app = make_celery_app()
+"""The module-level app (``celery -A services.workers.celery_app worker``)."""
