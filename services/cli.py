@@ -5,6 +5,8 @@
     evalforge apikey list                                         list keys (prefix, name, state)
     evalforge apikey revoke ID                                    revoke a key
     evalforge db upgrade [REVISION] | downgrade REVISION | current
+    evalforge worker [--concurrency N] [--loglevel info]         run episodes from the `episodes` queue
+    evalforge sweeper [--once]                                    re-enqueue stranded episodes (a loop)
 
 Every verb reads the store from ``DATABASE_URL`` (default: the SQLite file
 ``./runs/evalforge.db``). Each verb imports only what it needs, so ``evalforge
@@ -108,6 +110,43 @@ def _cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import os
+    import socket
+
+    from services.workers.celery_app import app
+    from services.workers.settings import settings
+
+    concurrency = args.concurrency or os.cpu_count() or 1
+    if concurrency < 1:
+        print(f"evalforge worker: --concurrency must be at least 1, got {concurrency}", file=sys.stderr)
+        return 2
+    argv = ["worker", "--pool", "prefork", "--concurrency", str(concurrency), "--queues", settings.episode_queue,
+            "--loglevel", args.loglevel, "--hostname", args.hostname or f"episodes-{os.getpid()}@{socket.gethostname()}",
+            "--without-gossip", "--without-mingle"]
+    app.worker_main(argv)
+    return 0
+
+
+def _cmd_sweeper(args: argparse.Namespace) -> int:
+    import logging
+
+    from services.store.migrate import check_current
+    from services.workers.settings import settings
+    from services.workers.sweeper import make_sweeper
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    check_current()
+    sweeper = make_sweeper(settings)
+    if args.once:
+        report = sweeper.sweep_once()
+        print(f"re-enqueued {len(report.reenqueued)} episodes; worker_lost in evaluations {report.lost}; "
+              f"cancelled running episodes in {report.cancelled}; finalised {report.finalised}")
+        return 0
+    sweeper.run_forever()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="evalforge", description="EvalForge evaluation services.")
     verbs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -137,6 +176,17 @@ def build_parser() -> argparse.ArgumentParser:
     downgrade.add_argument("revision")
     db_verbs.add_parser("current", help="show the database's migration")
     db.set_defaults(handler=_cmd_db)
+
+    worker = verbs.add_parser("worker", help="run a Celery worker that plays episodes (prefork)")
+    worker.add_argument("--concurrency", type=int, metavar="N",
+                        help="episode processes (default: the number of CPU cores)")
+    worker.add_argument("--loglevel", default="info", choices=["debug", "info", "warning", "error"])
+    worker.add_argument("--hostname", help="Celery node name (default: episodes-PID@HOST)")
+    worker.set_defaults(handler=_cmd_worker)
+
+    sweeper = verbs.add_parser("sweeper", help="re-enqueue pending/lost episodes, close dead ones (a loop)")
+    sweeper.add_argument("--once", action="store_true", help="sweep once and exit")
+    sweeper.set_defaults(handler=_cmd_sweeper)
     return parser
 
 

@@ -16,6 +16,11 @@ The episode life cycle (the "Evaluation records" contract):
   is left, stores the aggregates, and sets ``finished_at`` — once, however many
   workers call it at the same time.
 
+The sweeper's queries (``stale_pending_episode_ids``, ``expired_episode_ids``,
+``mark_lost_episodes``, ``close_cancelled_running_episodes``,
+``unfinalised_evaluation_ids``) find what a lost message or a dead worker left
+behind; the writes among them are conditional updates on episodes only.
+
 Lock order, to stay deadlock-free on PostgreSQL: a transaction that locks both an
 evaluation and its episodes locks the evaluation first (``claim_episode``,
 ``cancel_evaluation``); the others lock only one of the two.
@@ -422,6 +427,82 @@ def finalize_evaluation_if_done(session: Session, evaluation_id: int) -> bool:
         .returning(Evaluation.id).execution_options(synchronize_session=False)).first()
     session.commit()
     return done is not None
+
+
+# ---------------------------------------------------------------------------- sweeper
+
+
+def stale_pending_episode_ids(session: Session, *, created_before: datetime, limit: int = 1000) -> list[int]:
+    """Episodes still ``pending`` that were created before ``created_before`` (their broker
+    message may be lost), of evaluations still open; oldest first."""
+    ids = list(session.scalars(
+        select(Episode.id).join(Evaluation, Evaluation.id == Episode.evaluation_id)
+        .where(Episode.status == EpisodeStatus.PENDING, Episode.created_at < created_before,
+               Evaluation.status.in_((EvaluationStatus.PENDING.value, EvaluationStatus.RUNNING.value)))
+        .order_by(Episode.id).limit(limit)))
+    session.rollback()
+    return ids
+
+
+def expired_episode_ids(session: Session, *, max_attempts: int, now: datetime | None = None,
+                        limit: int = 1000) -> list[int]:
+    """``running`` episodes whose lease expired, with attempts left, of open evaluations: to run again."""
+    now = now or utcnow()
+    ids = list(session.scalars(
+        select(Episode.id).join(Evaluation, Evaluation.id == Episode.evaluation_id)
+        .where(Episode.status == EpisodeStatus.RUNNING, Episode.lease_expires_at < now,
+               Episode.attempts < max_attempts,
+               Evaluation.status.in_((EvaluationStatus.PENDING.value, EvaluationStatus.RUNNING.value)))
+        .order_by(Episode.id).limit(limit)))
+    session.rollback()
+    return ids
+
+
+def mark_lost_episodes(session: Session, *, max_attempts: int, now: datetime | None = None,
+                       episode_id: int | None = None) -> list[int]:
+    """``running`` episodes with an expired lease and no attempts left → ``failed``/``worker_lost``.
+
+    Returns the ids of the evaluations touched (for the caller to finalise). A
+    conditional update, so a concurrent sweeper or worker cannot double-write.
+    """
+    now = now or utcnow()
+    conditions = [Episode.status == EpisodeStatus.RUNNING, Episode.lease_expires_at < now,
+                  Episode.attempts >= max_attempts]
+    if episode_id is not None:
+        conditions.append(Episode.id == episode_id)
+    rows = session.execute(
+        update(Episode).where(*conditions)
+        .values(status=EpisodeStatus.FAILED.value, success=False, failure_reason=FailureReason.WORKER_LOST.value,
+                error_message=f"the worker was lost {max_attempts} times (lease expired); giving up",
+                finished_at=now, lease_expires_at=None)
+        .returning(Episode.evaluation_id).execution_options(synchronize_session=False)).all()
+    session.commit()
+    return sorted({row[0] for row in rows})
+
+
+def close_cancelled_running_episodes(session: Session, *, now: datetime | None = None) -> list[int]:
+    """``running`` episodes of cancelled evaluations whose lease expired (their worker died, and
+    no worker may claim them again) → ``cancelled``; returns the evaluation ids touched."""
+    now = now or utcnow()
+    cancelled = select(Evaluation.id).where(Evaluation.status == EvaluationStatus.CANCELLED)
+    rows = session.execute(
+        update(Episode).where(Episode.status == EpisodeStatus.RUNNING, Episode.lease_expires_at < now,
+                              Episode.evaluation_id.in_(cancelled))
+        .values(status=EpisodeStatus.CANCELLED.value, success=False, failure_reason=FailureReason.CANCELLED.value,
+                finished_at=now, lease_expires_at=None)
+        .returning(Episode.evaluation_id).execution_options(synchronize_session=False)).all()
+    session.commit()
+    return sorted({row[0] for row in rows})
+
+
+def unfinalised_evaluation_ids(session: Session, *, limit: int = 1000) -> list[int]:
+    """Evaluations not yet finalised none of whose episodes is live (e.g. a worker died between
+    finishing the last episode and finalising): the sweeper finalises them."""
+    live = select(Episode.id).where(Episode.evaluation_id == Evaluation.id, Episode.status.in_(_LIVE))
+    ids = list(session.scalars(select(Evaluation.id).where(Evaluation.finished_at.is_(None), ~live.exists())
+                               .order_by(Evaluation.id).limit(limit)))
+    session.rollback()
+    return ids
 
 
 # ---------------------------------------------------------------------------- leaderboard

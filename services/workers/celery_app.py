@@ -13,6 +13,8 @@ finish-once rules make safe:
   redelivery — longer than any episode;
 - JSON only: the queue carries episode ids, never pickles.
 
+The task itself is in ``services/workers/tasks.py`` (loaded through ``include``).
+
 The API does not import this module; it publishes ``RUN_EPISODE_TASK`` by name to
 ``EPISODE_QUEUE`` with a producer app of its own (``services/eval_api/queue.py``),
 and a test checks that both sides agree.
@@ -32,7 +34,8 @@ RUN_EPISODE_TASK = "evalforge.run_episode"
 def make_celery_app(settings: WorkerSettings | None = None) -> Celery:
     """The workers' Celery app for ``settings`` (default: from the environment)."""
     settings = settings or default_settings
-    celery = Celery("evalforge", broker=settings.effective_broker_url, set_as_current=False)
+    celery = Celery("evalforge", broker=settings.effective_broker_url, set_as_current=False,
+                    include=["services.workers.tasks"])
     celery.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

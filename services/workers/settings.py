@@ -20,6 +20,25 @@ class WorkerSettings(BaseSettings):
         3600, ge=60, description=("Redis: an unacknowledged task is redelivered after this long. Must exceed the "
                                   "longest episode, or a slow episode is run twice (harmless, but wasted)."))
 
+    # Episodes: leases, attempts, retries against the policy server.
+    lease_s: float = Field(60.0, gt=0, description=(
+        "A claimed episode is presumed lost (its worker dead) this long after the last heartbeat."))
+    heartbeat_s: float = Field(15.0, gt=0, description="How often a running episode extends its lease.")
+    max_attempts: int = Field(3, ge=1, description=(
+        "Claims of one episode before an expired lease marks it `worker_lost` instead of running it again."))
+    policy_retries: int = Field(3, ge=0, description=(
+        "Restarts of an episode after the policy server was unreachable or timed out, before it fails."))
+    policy_backoff_s: float = Field(1.0, ge=0, description="First retry delay (doubles, full jitter).")
+    policy_backoff_max_s: float = Field(15.0, ge=0, description="Longest retry delay.")
+    policy_connect_deadline_s: float = Field(10.0, gt=0, description="Budget to (re)connect to a policy server.")
+    policy_call_timeout_s: float = Field(30.0, gt=0, description="Budget for one inference call.")
+    seconds_per_step: float = Field(0.5, gt=0, description=(
+        "Time budget per simulator step; a task's soft time limit is max steps × this + slack."))
+    # The sweeper.
+    pending_after_s: float = Field(300.0, gt=0, description=(
+        "A `pending` episode this old is re-enqueued (its broker message may have been lost)."))
+    sweep_every_s: float = Field(30.0, gt=0, description="Seconds between two sweeps.")
+
     @property
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url

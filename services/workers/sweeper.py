@@ -1,0 +1,100 @@
+"""The sweeper: nothing stranded by a lost broker message or a dead worker.
+
+Each sweep (``sweep_once``):
+
+- closes ``running`` episodes of cancelled evaluations whose lease expired
+  (``cancelled``; a live one is left to finish, as cancelling promises);
+- marks ``running`` episodes whose lease expired with no attempts left ``worker_lost``;
+- re-enqueues ``running`` episodes whose lease expired (attempts left) and
+  ``pending`` episodes older than ``pending_after_s`` — each at most once per
+  ``pending_after_s``, so a long queue is not flooded with duplicates (a duplicate
+  is harmless anyway: the claim is a conditional update);
+- finalises evaluations whose episodes are all terminal but that nobody finalised
+  (a worker died in between).
+
+``evalforge sweeper`` runs ``run_forever`` (one sweeper process is enough; two are
+safe, only wasteful).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from services.eval_api.queue import CeleryEpisodeQueue, EpisodeQueue
+from services.store import queries
+from services.store.models import utcnow
+from services.workers.settings import WorkerSettings
+
+log = logging.getLogger("evalforge.workers.sweeper")
+
+
+@dataclass
+class SweepReport:
+    """What one sweep did."""
+
+    reenqueued: list[int] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)  # evaluation ids with episodes marked worker_lost
+    cancelled: list[int] = field(default_factory=list)  # evaluation ids with running episodes closed
+    finalised: list[int] = field(default_factory=list)
+
+
+class Sweeper:
+    """Holds when each episode was last re-enqueued, so repeated sweeps do not flood the queue."""
+
+    def __init__(self, session_factory: sessionmaker[Session], queue: EpisodeQueue, settings: WorkerSettings,
+                 *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.session_factory = session_factory
+        self.queue = queue
+        self.settings = settings
+        self.clock = clock
+        self._sent_at: dict[int, float] = {}
+
+    def sweep_once(self) -> SweepReport:
+        s, report = self.settings, SweepReport()
+        now = utcnow()
+        with self.session_factory() as session:
+            report.cancelled = queries.close_cancelled_running_episodes(session, now=now)
+            report.lost = queries.mark_lost_episodes(session, max_attempts=s.max_attempts, now=now)
+            expired = queries.expired_episode_ids(session, max_attempts=s.max_attempts, now=now)
+            stale = queries.stale_pending_episode_ids(
+                session, created_before=now - timedelta(seconds=s.pending_after_s))
+            for evaluation_id in {*report.cancelled, *report.lost, *queries.unfinalised_evaluation_ids(session)}:
+                if queries.finalize_evaluation_if_done(session, evaluation_id):
+                    report.finalised.append(evaluation_id)
+        tick = self.clock()
+        due = [i for i in dict.fromkeys([*expired, *stale])
+               if tick - self._sent_at.get(i, float("-inf")) >= s.pending_after_s]
+        if due:
+            sent = self.queue.enqueue(due)
+            for episode_id in due[:sent]:
+                self._sent_at[episode_id] = tick
+            report.reenqueued = due[:sent]
+        live = set(expired) | set(stale)
+        self._sent_at = {i: t for i, t in self._sent_at.items() if i in live}
+        if report.reenqueued or report.lost or report.cancelled or report.finalised:
+            log.info("sweep: re-enqueued %d episodes, worker_lost in evaluations %s, cancelled running in %s, "
+                     "finalised %s", len(report.reenqueued), report.lost, report.cancelled, report.finalised)
+        return report
+
+    def run_forever(self, *, stop: Callable[[], bool] = lambda: False) -> None:
+        """Sweep every ``sweep_every_s`` seconds until ``stop()``; a failing sweep is logged and retried."""
+        while not stop():
+            try:
+                self.sweep_once()
+            except Exception:
+                log.exception("sweep failed; trying again in %.0f s", self.settings.sweep_every_s)
+            time.sleep(self.settings.sweep_every_s)
+
+
+def make_sweeper(settings: WorkerSettings) -> Sweeper:
+    """A sweeper on ``DATABASE_URL`` that publishes to the workers' broker and queue."""
+    from services.store.db import make_engine, make_session_factory
+
+    return Sweeper(make_session_factory(make_engine()),
+                   CeleryEpisodeQueue(settings.effective_broker_url, settings.episode_queue), settings)

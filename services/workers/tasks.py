@@ -1,0 +1,76 @@
+"""The Celery task ``evalforge.run_episode(episode_id)``: thin, as the Celery guide recommends.
+
+It takes an episode id, and everything else — claiming, playing, recording,
+finalising — is ``services.workers.runner.run_episode_by_id``, a plain function the
+tests call directly. The task is idempotent: a duplicate or redelivered message for
+an episode that is finished, cancelled or held by a live worker is a no-op (the
+claim is a conditional update), so Celery's at-least-once delivery is safe.
+
+Time limits: the soft limit is the longest step limit of any registered suite ×
+``seconds_per_step`` plus the policy-retry budget; at the soft limit the episode is
+recorded as ``worker_lost`` with a message that says so (it is the harness's fault,
+not the policy's). The hard limit, a minute later, kills the pool process; the
+message then goes back to the queue and the lease expires, so the sweeper retries
+or closes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy.orm import Session, sessionmaker
+
+from benchmarks.registry import get_suite, list_suites
+from services.store.models import FailureReason
+from services.workers import runner
+from services.workers.celery_app import RUN_EPISODE_TASK, app
+from services.workers.settings import WorkerSettings
+from services.workers.settings import settings as worker_settings
+
+log = logging.getLogger("evalforge.workers.tasks")
+
+
+def time_limits(settings: WorkerSettings) -> tuple[float, float]:
+    """(soft, hard) seconds for one episode task, from the suites' longest step limit."""
+    longest = max(spec.max_steps for name in list_suites() for spec in get_suite(name).tasks)
+    retry_budget = (settings.policy_retries + 1) * (settings.policy_connect_deadline_s
+                                                     + settings.policy_backoff_max_s)
+    soft = longest * settings.seconds_per_step + retry_budget + 60.0
+    return soft, soft + 60.0
+
+
+SOFT_TIME_LIMIT_S, TIME_LIMIT_S = time_limits(worker_settings)
+
+_sessions: tuple[int, sessionmaker[Session]] | None = None
+
+
+def session_factory() -> sessionmaker[Session]:
+    """This process's session factory, made on first use (after the prefork pool forked)."""
+    global _sessions
+    if _sessions is None or _sessions[0] != os.getpid():
+        from services.store.db import make_engine, make_session_factory
+
+        _sessions = (os.getpid(), make_session_factory(make_engine()))
+    return _sessions[1]
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@app.task(name=RUN_EPISODE_TASK, soft_time_limit=SOFT_TIME_LIMIT_S, time_limit=TIME_LIMIT_S)
+def run_episode(episode_id: int) -> str:
+    """Run stored episode ``episode_id`` (see ``runner.run_episode_by_id``); returns what happened."""
+    try:
+        result = runner.run_episode_by_id(session_factory(), int(episode_id), worker_id(), worker_settings)
+    except SoftTimeLimitExceeded:
+        runner.fail_episode(session_factory(), int(episode_id), FailureReason.WORKER_LOST,
+                            f"the episode ran past the worker's soft time limit of {SOFT_TIME_LIMIT_S:.0f} s "
+                            "(raise EVALFORGE_SECONDS_PER_STEP if the simulator or policy is this slow)")
+        return "failed"
+    log.info("episode %d: %s %s%s", result.episode_id, result.status, result.failure_reason or "",
+             " (evaluation finalised)" if result.finalised else "")
+    return result.status
