@@ -18,6 +18,7 @@ VERBS = {
     "tokenizer": ("trainer.tokenizer", "train a byte-level BPE tokenizer on jsonl corpora"),
     "preprocess": ("trainer.preprocess", "tokenize jsonl text into a Megatron indexed dataset (.bin/.idx)"),
     "pretrain": ("trainer.pretrain", "pretrain a GPT (dense or MoE) on megatron-core"),
+    "vla": ("trainer.vla", "train a robot policy on LeRobot demonstrations and export it for policy-server"),
     "rollout": ("trainer.rollout", "evaluate a policy checkpoint on a suite, sequentially, against a policy server"),
 }
 

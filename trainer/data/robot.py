@@ -1,0 +1,386 @@
+"""Robot demonstrations → token sequences for a discretised-action policy (what ``trainer vla`` trains on).
+
+The pipeline, one piece per step::
+
+    dataset = LeRobotDataset("runs/demos/reach-50")            # ours, or recorded by LeRobot (v3 layout)
+    state_bins, action_bins = dataset_bins(dataset, state_bins=256, action_bins=256)   # meta/stats.json
+    tokenizer = RobotTokenizer(dataset.tasks, state_bins, action_bins, chunk_size=4)
+    samples = RobotSamples(dataset, tokenizer)                 # one sample per frame, tokenised once
+    batches = RobotBatches(samples, micro_batch_size=32, global_batch_size=32, seed=0)
+    batch = next(batches)   # tokens, labels, loss_mask, position_ids (trainer/loop.py's batch source)
+
+**Normalisation bounds** (:func:`normalization_bounds`) come from ``meta/stats.json``, per
+dimension: ``q01``/``q99`` (``"quantile"``, the default: a few outlier frames do not
+stretch the bins) or ``min``/``max`` (``"min_max"``). A dimension whose bounds are closer
+than ``min_range`` (a constant joint, an unused object slot, a gripper never used) is
+widened symmetrically around its centre to ``max(min_range, 1e-5·|centre|)``, since
+``policy.json`` needs ``high > low`` and a zero-width bin is undefined. Values outside the
+bounds fall into the edge bins.
+
+**Binning** is exactly the policy server's (``services/policy_server/policy_format.py``),
+evaluated the same way so that a state gives the same bins bit for bit, not merely up to
+rounding: bounds in float64, values promoted to float64, and the scale ``bins / (high −
+low)`` computed first::
+
+    bin   = clip(floor((x − low) · (bins / (high − low))), 0, bins − 1)
+    value = low + (bin + 0.5) / bins · (high − low)           (de-binning: the bin's centre)
+
+**Token layout** is :class:`trainer.policy_file.TokenLayout`: state bins, then action bins,
+then one token per task (in the dataset's ``meta/tasks.jsonl`` order). A sample is frame
+``t`` of an episode of length ``T``::
+
+    [task token, s_1 … s_D, a(t)_1 … a(t)_A, a(t+1)_1 … a(t+H−1)_A]      L = 1 + D + H·A tokens
+
+with the action chunk ``a(t) … a(t+H−1)`` (``H = chunk_size``) padded past the episode's
+end by repeating its last action, which teaches the policy to hold still once done rather
+than to invent motion it never saw.
+
+**Labels and loss mask** follow the loop's next-token convention (``trainer/loop.py``;
+``trainer/data/sft.py`` does the same): a row has the sample's ``L`` tokens, and at position
+``j``::
+
+    tokens[j] = seq[j]    labels[j] = seq[j+1] (0 at j = L−1)    position_ids[j] = j
+    loss_mask[j] = 1  iff  seq[j+1] is an action token  (D ≤ j ≤ L−2)
+
+so only the ``H·A`` action tokens are trained; the prompt (task and state) carries no loss.
+The last position predicts nothing (its label is a placeholder, always a valid id).
+
+**Augmentation** (optional, ``state_noise > 0``): each batch bins its states again after
+adding Gaussian noise of ``state_noise × (high − low)`` per dimension, so a policy trained
+on few demonstrations cannot key its actions on exact state tokens of the episodes it saw
+(which objects' positions, irrelevant to the task, would let it do); actions stay exact.
+
+**Batching** (:class:`RobotBatches`): an endless stream of epochs, each a permutation of all
+samples drawn from ``numpy.random.default_rng([seed, epoch])``, so position ``k`` of the
+stream is known without replaying it; global batch ``s`` is stream positions
+``[s·G, (s+1)·G)``, of which data-parallel rank ``r`` takes the ``r``-th block of
+``G / dp``. ``state_dict()`` is the number of samples consumed, so resume is exact and
+O(1), under any data-parallel size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from trainer.config import ConfigError
+from trainer.data.lerobot import ACTION, STATE, DatasetError, LeRobotDataset
+from trainer.policy_file import TokenLayout
+
+Normalization = Literal["quantile", "min_max"]
+_STAT_KEYS: dict[str, tuple[str, str]] = {"quantile": ("q01", "q99"), "min_max": ("min", "max")}
+# relative floor of a widened dimension's width: float32 values near |c| are ~6e-8·|c| apart,
+# so a width of 1e-5·|c| still spans well over a hundred representable values
+_RELATIVE_MIN_RANGE = 1e-5
+
+
+@dataclass(frozen=True)
+class UniformBins:
+    """``bins`` equal bins per dimension between ``low`` and ``high`` (float64 ``[dim]``)."""
+
+    low: np.ndarray
+    high: np.ndarray
+    bins: int
+
+    def __post_init__(self) -> None:
+        low = np.asarray(self.low, dtype=np.float64)
+        high = np.asarray(self.high, dtype=np.float64)
+        if low.ndim != 1 or low.shape != high.shape:
+            raise ValueError(f"bounds must be two 1-D arrays of one length, got {low.shape} and {high.shape}")
+        if not (np.isfinite(low).all() and np.isfinite(high).all()) or (high <= low).any():
+            raise ValueError("bounds must be finite with high > low in every dimension")
+        if self.bins < 2:
+            raise ValueError(f"bins must be at least 2, got {self.bins}")
+        object.__setattr__(self, "low", low)
+        object.__setattr__(self, "high", high)
+        # the server's expression, precomputed as it precomputes it (see the module docstring)
+        object.__setattr__(self, "_scale", self.bins / (high - low))
+
+    @property
+    def dim(self) -> int:
+        return int(self.low.shape[0])
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        """int64 bins of ``values`` (``[..., dim]``), clipped to ``[0, bins)``."""
+        scaled = (np.asarray(values) - self.low) * self._scale  # type: ignore[attr-defined]
+        return np.clip(np.floor(scaled), 0, self.bins - 1).astype(np.int64)
+
+    def decode(self, bins: np.ndarray) -> np.ndarray:
+        """float32 bin centres of ``bins`` (``[..., dim]``)."""
+        centres = (np.asarray(bins, dtype=np.float64) + 0.5) / self.bins
+        return (self.low + centres * (self.high - self.low)).astype(np.float32)
+
+
+def normalization_bounds(stats: Mapping[str, Any], feature: str, dim: int, *, mode: Normalization = "quantile",
+                         min_range: float = 1e-3, source: Path | str = "meta/stats.json") -> tuple[np.ndarray,
+                                                                                                 np.ndarray]:
+    """Per-dimension ``(low, high)`` (float64) of ``feature`` from LeRobot stats, degenerate ones widened."""
+    if mode not in _STAT_KEYS:
+        raise ConfigError(f"data.normalization {mode!r} is unknown; choose 'quantile' (q01/q99) or 'min_max'")
+    low_key, high_key = _STAT_KEYS[mode]
+    entry = stats.get(feature)
+    if not isinstance(entry, Mapping):
+        raise DatasetError(f"{source}: no statistics for '{feature}'; recompute the dataset's stats")
+    bounds = []
+    for key in (low_key, high_key):
+        values = entry.get(key)
+        if values is None:
+            hint = (" (older LeRobot datasets have no quantiles: set data.normalization: min_max, or recompute the "
+                    "stats)") if mode == "quantile" else ""
+            raise DatasetError(f"{source}: '{feature}' has no '{key}' statistics{hint}")
+        try:
+            array = np.asarray(values, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise DatasetError(f"{source}: '{feature}' {key} must be a list of numbers, got {values!r}") from None
+        if array.shape != (dim,):
+            raise DatasetError(f"{source}: '{feature}' {key} has {array.size} values, info.json says {dim} dimensions")
+        if not np.isfinite(array).all():
+            bad = int(np.flatnonzero(~np.isfinite(array))[0])
+            raise DatasetError(f"{source}: '{feature}' {key} is {array[bad]} in dimension {bad}; the dataset holds "
+                               "NaN or infinite values — recompute the stats after dropping the bad episodes")
+        bounds.append(array)
+    low, high = bounds
+    if (high < low).any():
+        bad = int(np.flatnonzero(high < low)[0])
+        raise DatasetError(f"{source}: '{feature}' {high_key} < {low_key} in dimension {bad}; the stats are corrupt")
+    return widen_degenerate(low, high, min_range)
+
+
+def widen_degenerate(low: np.ndarray, high: np.ndarray, min_range: float) -> tuple[np.ndarray, np.ndarray]:
+    """Bounds narrower than ``max(min_range, 1e-5·|centre|)`` widened to it, around their centre."""
+    if min_range <= 0:
+        raise ConfigError(f"data.min_range must be positive, got {min_range}")
+    low, high = np.array(low, dtype=np.float64), np.array(high, dtype=np.float64)
+    centre = (low + high) / 2
+    width = np.maximum(min_range, _RELATIVE_MIN_RANGE * np.abs(centre))
+    narrow = (high - low) < width
+    low[narrow] = centre[narrow] - width[narrow] / 2
+    high[narrow] = centre[narrow] + width[narrow] / 2
+    return low, high
+
+
+def dataset_bins(dataset: LeRobotDataset, *, state_bins: int, action_bins: int, mode: Normalization = "quantile",
+                 min_range: float = 1e-3) -> tuple[UniformBins, UniformBins]:
+    """State and action binning of ``dataset`` from its ``meta/stats.json``."""
+    source = dataset.root / "meta/stats.json"
+    state = normalization_bounds(dataset.stats, STATE, dataset.state_dim, mode=mode, min_range=min_range,
+                                 source=source)
+    action = normalization_bounds(dataset.stats, ACTION, dataset.action_dim, mode=mode, min_range=min_range,
+                                  source=source)
+    return UniformBins(*state, bins=state_bins), UniformBins(*action, bins=action_bins)
+
+
+class RobotTokenizer:
+    """Task names, states and action chunks ↔ token ids in the :class:`TokenLayout`."""
+
+    def __init__(self, tasks: Sequence[str], state: UniformBins, action: UniformBins, chunk_size: int) -> None:
+        if not tasks or len(set(tasks)) != len(tasks):
+            raise ValueError(f"tasks must be distinct and non-empty, got {list(tasks)}")
+        if chunk_size < 1:
+            raise ConfigError(f"data.chunk_size must be at least 1, got {chunk_size}")
+        self.tasks = list(tasks)
+        self.state, self.action, self.chunk_size = state, action, chunk_size
+        self.layout = TokenLayout(state.bins, action.bins, len(self.tasks))
+        self._task_ids = {name: self.layout.task_range[0] + i for i, name in enumerate(self.tasks)}
+
+    @property
+    def state_dim(self) -> int:
+        return self.state.dim
+
+    @property
+    def action_dim(self) -> int:
+        return self.action.dim
+
+    @property
+    def prompt_len(self) -> int:
+        return 1 + self.state_dim
+
+    @property
+    def action_len(self) -> int:
+        """Action tokens per sample: ``chunk_size × action_dim``."""
+        return self.chunk_size * self.action_dim
+
+    @property
+    def seq_length(self) -> int:
+        return self.prompt_len + self.action_len
+
+    def task_token(self, task: str) -> int:
+        if task not in self._task_ids:
+            raise KeyError(f"task {task!r} is not one of {self.tasks}")
+        return self._task_ids[task]
+
+    def state_tokens(self, states: np.ndarray) -> np.ndarray:
+        """int64 ``[..., D]`` state-token ids."""
+        return self.state.encode(states) + self.layout.state_range[0]
+
+    def action_tokens(self, actions: np.ndarray) -> np.ndarray:
+        """int64 ``[..., A]`` action-token ids (a chunk ``[H, A]`` flattens row by row, as the server reads it)."""
+        return self.action.encode(actions) + self.layout.action_range[0]
+
+    def prompt_tokens(self, state: np.ndarray, task: str) -> list[int]:
+        """What the server prompts the model with for one observation."""
+        return [self.task_token(task), *self.state_tokens(np.asarray(state, dtype=np.float32)).tolist()]
+
+    def decode_actions(self, token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """float32 ``[chunk_size, action_dim]`` from ``chunk_size × action_dim`` action-token ids."""
+        bins = np.asarray(token_ids, dtype=np.int64) - self.layout.action_range[0]
+        if bins.shape != (self.action_len,) or bins.min() < 0 or bins.max() >= self.action.bins:
+            raise ValueError(f"expected {self.action_len} ids from the action range {self.layout.action_range}")
+        return self.action.decode(bins.reshape(self.chunk_size, self.action_dim))
+
+
+class RobotSamples:
+    """One training sample per frame of ``dataset``, tokenised once up front.
+
+    States and actions are binned per frame at construction (``uint16``/``int32`` arrays of
+    ``frames × dim``: a few bytes per value, so millions of frames fit); a batch then only
+    gathers rows — the chunk's frames are ``min(t + h, last frame of the episode)``.
+    """
+
+    def __init__(self, dataset: LeRobotDataset, tokenizer: RobotTokenizer, *, state_noise: float = 0.0) -> None:
+        if state_noise < 0:
+            raise ConfigError(f"data.state_noise must be ≥ 0, got {state_noise}")
+        if (dataset.state_dim, dataset.action_dim) != (tokenizer.state_dim, tokenizer.action_dim):
+            raise DatasetError(f"{dataset.root}: state/action dims {dataset.state_dim}/{dataset.action_dim} do not "
+                               f"match the tokenizer's {tokenizer.state_dim}/{tokenizer.action_dim}")
+        unknown = sorted({ep.task for ep in dataset.episodes} - set(tokenizer.tasks))
+        if unknown:
+            raise DatasetError(f"{dataset.root}: episodes of tasks {unknown} have no task token")
+        if not dataset.episodes:
+            raise DatasetError(f"{dataset.root}: holds no episodes")
+        self.tokenizer = tokenizer
+        token_dtype = np.uint16 if tokenizer.layout.vocab_size <= 1 << 16 else np.int32
+        states = np.concatenate([ep.state for ep in dataset.episodes])
+        actions = np.concatenate([ep.action for ep in dataset.episodes])
+        self.state_tokens = tokenizer.state_tokens(states).astype(token_dtype)
+        self.state_noise = state_noise
+        # float states only for augmentation: each batch re-bins them with fresh noise
+        self.states = states if state_noise > 0 else None
+        self._noise_scale = state_noise * (tokenizer.state.high - tokenizer.state.low)
+        self.action_tokens = tokenizer.action_tokens(actions).astype(token_dtype)
+        lengths = np.array([ep.length for ep in dataset.episodes], dtype=np.int64)
+        ends = np.cumsum(lengths)
+        self.last_frame = np.repeat(ends - 1, lengths)  # [frames]: global index of the episode's last frame
+        self.task_tokens = np.repeat([tokenizer.task_token(ep.task) for ep in dataset.episodes],
+                                     lengths).astype(np.int64)
+        self.episode_of_frame = np.repeat(np.arange(len(lengths)), lengths)
+        self._chunk_offsets = np.arange(tokenizer.chunk_size, dtype=np.int64)
+        seq = tokenizer.seq_length
+        self._labels_mask = np.zeros(seq, dtype=np.float32)
+        self._labels_mask[tokenizer.prompt_len - 1: seq - 1] = 1.0
+        self._positions = np.arange(seq, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.state_tokens.shape[0])
+
+    @property
+    def seq_length(self) -> int:
+        return self.tokenizer.seq_length
+
+    def sequences(self, indices: np.ndarray, noise: np.random.Generator | None = None) -> np.ndarray:
+        """int64 ``[b, L]``: ``[task, states…, action chunk…]`` for each frame index.
+
+        With ``noise`` (and ``state_noise > 0``) the states are binned again after adding
+        Gaussian noise of ``state_noise × (high − low)`` per dimension; the actions are not.
+        """
+        indices = np.asarray(indices, dtype=np.int64)
+        frames = np.minimum(indices[:, None] + self._chunk_offsets, self.last_frame[indices][:, None])
+        chunk = self.action_tokens[frames].reshape(len(indices), -1)
+        if noise is not None and self.states is not None:
+            noisy = self.states[indices] + noise.standard_normal((len(indices), self.states.shape[1])) \
+                * self._noise_scale
+            state = self.tokenizer.state_tokens(noisy)
+        else:
+            state = self.state_tokens[indices]
+        return np.concatenate([self.task_tokens[indices, None], state, chunk], axis=1, dtype=np.int64)
+
+    def batch(self, indices: np.ndarray, noise: np.random.Generator | None = None) -> dict[str, torch.Tensor]:
+        """The loop's micro-batch (``tokens``, ``labels``, ``loss_mask``, ``position_ids``) for ``indices``."""
+        seq = self.sequences(indices, noise)
+        labels = np.zeros_like(seq)
+        labels[:, :-1] = seq[:, 1:]
+        b = seq.shape[0]
+        return {
+            "tokens": torch.from_numpy(seq),
+            "labels": torch.from_numpy(labels),
+            "loss_mask": torch.from_numpy(np.broadcast_to(self._labels_mask, (b, self.seq_length)).copy()),
+            "position_ids": torch.from_numpy(np.broadcast_to(self._positions, (b, self.seq_length)).copy()),
+        }
+
+
+class RobotBatches:
+    """This data-parallel rank's micro-batches: seeded epoch permutations, exact O(1) resume.
+
+    Yields forever (epoch after epoch); the loop stops at ``schedule.train_steps``.
+    """
+
+    def __init__(self, samples: RobotSamples, *, micro_batch_size: int, global_batch_size: int, seed: int,
+                 data_rank: int = 0, data_size: int = 1) -> None:
+        per_rank, rest = divmod(global_batch_size, data_size)
+        if rest or micro_batch_size < 1 or per_rank % micro_batch_size:
+            raise ConfigError(f"training.global_batch_size ({global_batch_size}) must be a multiple of "
+                              f"micro_batch_size × data-parallel size ({micro_batch_size} × {data_size})")
+        if not 0 <= data_rank < data_size:
+            raise ValueError(f"data_rank {data_rank} is outside data_size {data_size}")
+        self.samples, self.seed = samples, seed
+        self.micro_batch_size, self.global_batch_size = micro_batch_size, global_batch_size
+        self.data_rank, self.per_rank = data_rank, per_rank
+        self.micro_per_step = per_rank // micro_batch_size
+        self.micro_batches = 0  # served so far on this rank
+        self._permutations: dict[int, np.ndarray] = {}
+
+    @property
+    def consumed_samples(self) -> int:
+        """Samples of complete global batches consumed, over all data-parallel ranks."""
+        return self.micro_batches // self.micro_per_step * self.global_batch_size
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The sample order of ``epoch`` (the same for any seed, epoch pair on any machine)."""
+        order = self._permutations.get(epoch)
+        if order is None:
+            order = np.random.default_rng([self.seed, epoch]).permutation(len(self.samples))
+            # a batch spans at most two epochs: keep the current and the next
+            self._permutations = {e: p for e, p in self._permutations.items() if e >= epoch - 1}
+            self._permutations[epoch] = order
+        return order
+
+    def sample_indices(self, start: int, count: int) -> np.ndarray:
+        """Sample indices at stream positions ``[start, start + count)``."""
+        n = len(self.samples)
+        positions = np.arange(start, start + count, dtype=np.int64)
+        epochs, offsets = np.divmod(positions, n)
+        out = np.empty(count, dtype=np.int64)
+        for epoch in np.unique(epochs):
+            where = epochs == epoch
+            out[where] = self.permutation(int(epoch))[offsets[where]]
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        step, micro = divmod(self.micro_batches, self.micro_per_step)
+        start = step * self.global_batch_size + self.data_rank * self.per_rank + micro * self.micro_batch_size
+        self.micro_batches += 1
+        # augmentation noise is a function of the stream position, like the order: resume stays exact
+        noise = np.random.default_rng([self.seed, 1, start]) if self.samples.state_noise > 0 else None
+        return self.samples.batch(self.sample_indices(start, self.micro_batch_size), noise)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consumed_samples": self.consumed_samples, "global_batch_size": self.global_batch_size,
+                "seed": self.seed, "num_samples": len(self.samples)}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        for key, mine, fix in (
+                ("global_batch_size", self.global_batch_size, "keep training.global_batch_size as it was"),
+                ("seed", self.seed, "keep data.seed (and training.seed) as they were"),
+                ("num_samples", len(self.samples), "resume on the dataset the run started with")):
+            if int(state[key]) != mine:
+                raise ConfigError(f"the checkpoint's batch source had {key} {state[key]}, this run has {mine}; "
+                                  f"{fix} to resume exactly")
+        self.micro_batches = int(state["consumed_samples"]) // self.global_batch_size * self.micro_per_step
