@@ -34,6 +34,7 @@ from trainer.data.sft import (
     tokenize_conversations,
     unpack_row,
 )
+from trainer.tokenizer import TokenizerError
 
 CORPUS = [
     "You are a helpful robot. Pick up the red block and place it in the bin.",
@@ -229,7 +230,7 @@ def test_missing_template_tokens_are_reported(tmp_path: Path, tokenizer_dir: Pat
         chat_template(plain)
     with pytest.raises(SFTDataError, match="has no chat_template"):
         chat_template(load_tokenizer(tokenizer_dir), "tokenizer")
-    with pytest.raises(SFTDataError, match="no tokenizer.json"):
+    with pytest.raises(TokenizerError, match="does not exist"):
         load_tokenizer(tmp_path / "nowhere")
 
 

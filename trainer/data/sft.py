@@ -78,6 +78,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 import torch
 
+from trainer.tokenizer import load_tokenizer  # noqa: F401 - part of this module's API (see the docstring)
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -223,17 +225,6 @@ _PARSERS = {"alpaca": _alpaca, "sharegpt": _sharegpt, "messages": _messages}
 
 
 # --- templates and tokenisation --------------------------------------------------------------
-
-
-def load_tokenizer(directory: str | Path) -> PreTrainedTokenizerBase:
-    """A fast Hugging Face tokenizer (``PreTrainedTokenizerFast``) from a local directory."""
-    from transformers import AutoTokenizer
-
-    directory = Path(directory)
-    if not (directory / "tokenizer.json").is_file():
-        raise SFTDataError(f"{directory}: no tokenizer.json; pass a directory written by "
-                           "tokenizer.save_pretrained() (a fast tokenizer)")
-    return AutoTokenizer.from_pretrained(directory)
 
 
 class ChatTemplate(Protocol):
