@@ -302,19 +302,24 @@ def check_model_shape(path: Path, shape: dict[str, Any]) -> None:
                               "(another checkpoint.dir, or no --resume)")
 
 
-def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
-         restore_rng: bool) -> TrainState:
-    """Load a step directory into this rank's model and optimizer; returns the saved position."""
+def load_weights(path: Path, model: torch.nn.Module) -> list[_Shard]:
+    """Copy a step directory's model weights into this rank's model (no optimizer, no RNG)."""
     from safetensors.torch import load_file
 
-    record = read_record(path)
     shards = _shards(model)
     what = f"{path}/model.safetensors"
     weights = load_file(str(path / "model.safetensors"))
     with torch.no_grad():
         for shard in shards:
             shard.param.copy_(_local_slice(shard, weights, what))
-    del weights
+    return shards
+
+
+def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+         restore_rng: bool) -> TrainState:
+    """Load a step directory into this rank's model and optimizer; returns the saved position."""
+    record = read_record(path)
+    shards = load_weights(path, model)
     saved = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
     by_param = {id(s.param): s for s in shards}
     state_dict = optimizer.state_dict()

@@ -19,6 +19,7 @@ VERBS = {
     "preprocess": ("trainer.preprocess", "tokenize jsonl text into a Megatron indexed dataset (.bin/.idx)"),
     "pretrain": ("trainer.pretrain", "pretrain a GPT (dense or MoE) on megatron-core"),
     "vla": ("trainer.vla", "train a robot policy on LeRobot demonstrations and export it for policy-server"),
+    "sft": ("trainer.sft", "fine-tune a GPT on chat data (alpaca, sharegpt, OpenAI messages)"),
     "rollout": ("trainer.rollout", "evaluate a policy checkpoint on a suite, sequentially, against a policy server"),
 }
 
