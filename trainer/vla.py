@@ -37,9 +37,16 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from trainer.config import ConfigError, TrainerConfig, load_config
+
+if TYPE_CHECKING:  # torch, megatron and the simulators load only when a run starts
+    import torch
+
+    from benchmarks.suite import Suite
+    from trainer.data.lerobot import LeRobotDataset
+    from trainer.policy_file import TokenLayout
 
 # this verb takes `--section.key value` overrides after its own arguments
 CONFIG_OVERRIDES = True
@@ -148,7 +155,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "Any config field can be overridden: --optimizer.lr 1e-3 --data.chunk_size 8 ..."
 
 
-def resolve_suite(cfg: VLAConfig, dataset: Any) -> Any:
+def resolve_suite(cfg: VLAConfig, dataset: LeRobotDataset) -> Suite | None:
     """The benchmark suite the policy is for (or None), checked against the dataset."""
     from benchmarks.registry import get_suite
     from trainer.data.lerobot import DatasetError
@@ -177,11 +184,11 @@ def resolve_model(cfg: VLAConfig, vocab_size: int, seq_length: int) -> VLAConfig
     return dataclasses.replace(cfg, model=model)
 
 
-def bin_codes(bins: int, width: int) -> Any:
+def bin_codes(bins: int, width: int) -> torch.Tensor:
     """float32 ``[bins, width]``: sin/cos of each bin centre's place in ``(0, 1)`` at geometric frequencies.
 
     Frequencies run from half a cycle over the whole range (coarse value) to a quarter of
-    the bin count (neighbours told apart); each column has mean square 1/2.
+    the bin count (neighbours told apart); each column has a mean square of about 1/2.
     """
     import torch
 
@@ -195,7 +202,7 @@ def bin_codes(bins: int, width: int) -> Any:
     return codes.float()
 
 
-def init_bin_embeddings(model: Any, layout: Any, std: float) -> None:
+def init_bin_embeddings(model: torch.nn.Module, layout: TokenLayout, std: float) -> None:
     """Add :func:`bin_codes` (scaled to ``std`` per element) to the bin tokens' embedding and output rows.
 
     Works on this rank's shard: vocabulary-parallel rows ``[start, end)`` of the input
@@ -269,7 +276,7 @@ def vla(cfg: VLAConfig) -> VLAResult:
             "dataset": str(Path(cfg.data.path).resolve()),
             "dataset_episodes": len(dataset), "dataset_frames": dataset.num_frames,
             "steps": result.step, "trained_by": "trainer vla", "run_dir": str(run_dir.resolve()),
-            "normalization": cfg.data.normalization,
+            "normalization": cfg.data.normalization, "state_noise": cfg.data.state_noise,
             "final_loss": result.losses.get(result.step),
         }
         policy_json = run_dir / "policy.json"

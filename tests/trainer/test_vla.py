@@ -155,6 +155,23 @@ def test_batches_are_seeded_permutations_and_resume_exactly(dataset):
         RobotBatches(samples, micro_batch_size=4, global_batch_size=16, seed=0).load_state_dict(first.state_dict())
 
 
+def test_state_noise_rebins_states_only_and_resumes_exactly(dataset):
+    tok = tokenizer_for(dataset, bins=64)
+    noisy = RobotSamples(dataset, tok, state_noise=0.05)
+    batches = RobotBatches(noisy, micro_batch_size=4, global_batch_size=8, seed=0)
+    clean = next(RobotBatches(RobotSamples(dataset, tok), micro_batch_size=4, global_batch_size=8, seed=0))
+    first = next(batches)
+    d = dataset.state_dim
+    assert torch.equal(first["tokens"][:, 0], clean["tokens"][:, 0])
+    assert torch.equal(first["tokens"][:, 1 + d:], clean["tokens"][:, 1 + d:])  # actions stay exact
+    assert not torch.equal(first["tokens"][:, 1:1 + d], clean["tokens"][:, 1:1 + d])
+    for _ in range(5):
+        next(batches)
+    resumed = RobotBatches(noisy, micro_batch_size=4, global_batch_size=8, seed=0)
+    resumed.load_state_dict(batches.state_dict())
+    assert torch.equal(next(resumed)["tokens"], next(batches)["tokens"])
+
+
 def test_data_parallel_ranks_split_each_global_batch(dataset):
     samples = RobotSamples(dataset, tokenizer_for(dataset))
     whole = RobotBatches(samples, micro_batch_size=2, global_batch_size=8, seed=3)
@@ -270,6 +287,16 @@ def test_policy_server_serves_the_trained_checkpoint(trained, dataset, tmp_path)
                 np.testing.assert_array_equal(reply.actions, reference(obs_state))
     finally:
         server.stop()
+
+
+def test_bin_codes_make_neighbouring_bins_alike():
+    from trainer.vla import bin_codes
+
+    codes = bin_codes(64, 128)
+    assert codes.shape == (64, 128)
+    assert (codes.pow(2).mean(dim=0) - 0.5).abs().max() < 0.1  # about 1/2: sin² and cos² average it
+    gap = lambda i, j: float((codes[i] - codes[j]).norm())  # noqa: E731
+    assert gap(10, 11) < gap(10, 14) < gap(10, 40)
 
 
 # --------------------------------------------------------------------------- bad input

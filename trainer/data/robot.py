@@ -61,7 +61,7 @@ O(1), under any data-parallel size.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -79,13 +79,15 @@ _STAT_KEYS: dict[str, tuple[str, str]] = {"quantile": ("q01", "q99"), "min_max":
 _RELATIVE_MIN_RANGE = 1e-5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class UniformBins:
     """``bins`` equal bins per dimension between ``low`` and ``high`` (float64 ``[dim]``)."""
 
     low: np.ndarray
     high: np.ndarray
     bins: int
+    scale: np.ndarray = field(init=False, repr=False)
+    """``bins / (high - low)``, precomputed as the server precomputes it (see the module docstring)."""
 
     def __post_init__(self) -> None:
         low = np.asarray(self.low, dtype=np.float64)
@@ -98,8 +100,7 @@ class UniformBins:
             raise ValueError(f"bins must be at least 2, got {self.bins}")
         object.__setattr__(self, "low", low)
         object.__setattr__(self, "high", high)
-        # the server's expression, precomputed as it precomputes it (see the module docstring)
-        object.__setattr__(self, "_scale", self.bins / (high - low))
+        object.__setattr__(self, "scale", self.bins / (high - low))
 
     @property
     def dim(self) -> int:
@@ -107,7 +108,7 @@ class UniformBins:
 
     def encode(self, values: np.ndarray) -> np.ndarray:
         """int64 bins of ``values`` (``[..., dim]``), clipped to ``[0, bins)``."""
-        scaled = (np.asarray(values) - self.low) * self._scale  # type: ignore[attr-defined]
+        scaled = (np.asarray(values) - self.low) * self.scale
         return np.clip(np.floor(scaled), 0, self.bins - 1).astype(np.int64)
 
     def decode(self, bins: np.ndarray) -> np.ndarray:
@@ -117,8 +118,8 @@ class UniformBins:
 
 
 def normalization_bounds(stats: Mapping[str, Any], feature: str, dim: int, *, mode: Normalization = "quantile",
-                         min_range: float = 1e-3, source: Path | str = "meta/stats.json") -> tuple[np.ndarray,
-                                                                                                 np.ndarray]:
+                         min_range: float = 1e-3,
+                         source: Path | str = "meta/stats.json") -> tuple[np.ndarray, np.ndarray]:
     """Per-dimension ``(low, high)`` (float64) of ``feature`` from LeRobot stats, degenerate ones widened."""
     if mode not in _STAT_KEYS:
         raise ConfigError(f"data.normalization {mode!r} is unknown; choose 'quantile' (q01/q99) or 'min_max'")
