@@ -272,10 +272,15 @@ def vla(cfg: VLAConfig) -> VLAResult:
         started = time.perf_counter()
         result = train(cfg, model, batches, layout, extra_metadata={"policy": card.to_json()})
         seconds = time.perf_counter() - started
+        steps = result.step
+        if result.last_checkpoint and not result.losses:  # resumed at the end: no step ran in this process
+            from trainer.checkpoint import read_record
+
+            steps = int(read_record(Path(result.last_checkpoint))["step"])
         card.provenance = {
             "dataset": str(Path(cfg.data.path).resolve()),
             "dataset_episodes": len(dataset), "dataset_frames": dataset.num_frames,
-            "steps": result.step, "trained_by": "trainer vla", "run_dir": str(run_dir.resolve()),
+            "steps": steps, "trained_by": "trainer vla", "run_dir": str(run_dir.resolve()),
             "normalization": cfg.data.normalization, "state_noise": cfg.data.state_noise,
             "final_loss": result.losses.get(result.step),
         }
@@ -292,7 +297,7 @@ def vla(cfg: VLAConfig) -> VLAResult:
         dist.barrier()
     finally:
         parallel.shutdown()
-    return VLAResult(run_dir=run_dir, steps=result.step, losses=result.losses, train_seconds=seconds,
+    return VLAResult(run_dir=run_dir, steps=steps, losses=result.losses, train_seconds=seconds,
                      policy_json=policy_json, policy_dir=policy_dir, suite=card.suite)
 
 
@@ -314,8 +319,11 @@ def run(args: argparse.Namespace) -> VLAResult:
             NonFiniteLoss) as exc:
         raise SystemExit(f"trainer vla: {exc}") from None
     last = result.losses.get(result.steps)
-    print(f"trained {result.steps} steps in {result.train_seconds:.0f} s"
-          + (f" (final loss {last:.4f})" if last is not None else "") + f"; wrote {result.policy_json}")
+    if result.losses:
+        print(f"trained to step {result.steps} in {result.train_seconds:.0f} s"
+              + (f" (final loss {last:.4f})" if last is not None else "") + f"; wrote {result.policy_json}")
+    else:
+        print(f"nothing left to train (the run is at step {result.steps}); wrote {result.policy_json}")
     if result.policy_dir is not None:
         print(f"policy checkpoint: {result.policy_dir}\n"
               f"  evaluate: trainer rollout --checkpoint {result.policy_dir} --suite "

@@ -66,6 +66,7 @@ def recipe(tmp_path: Path, dataset_dir: Path, **sections: dict) -> Path:
     for name, values in sections.items():
         raw.setdefault(name, {}).update(values)
     path = tmp_path / "recipe.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -213,6 +214,24 @@ def test_a_few_steps_leave_a_run_directory_and_a_policy_checkpoint(trained, data
 
     spec = load_policy_spec(run / "policy")
     assert spec.prompt_len + spec.max_tokens == hf_config["max_position_embeddings"]
+
+
+def test_an_interrupted_run_resumes_to_the_same_losses(dataset_dir, tmp_path):
+    def losses(run: Path) -> dict[int, float]:
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in records}
+
+    noisy = {"data": {"state_noise": 0.05}, "policy": {"export": False}}
+    straight = recipe(tmp_path / "a", dataset_dir, **noisy)
+    assert trainer_main(["vla", str(straight)]) == 0
+    interrupted = recipe(tmp_path / "b", dataset_dir, **noisy)
+    assert trainer_main(["vla", str(interrupted), "--training.exit_at_step", "2"]) == 0
+    assert sorted(losses(tmp_path / "b" / "run")) == [1, 2]
+    assert trainer_main(["vla", str(interrupted), "--resume", "auto"]) == 0
+    expected = losses(tmp_path / "a" / "run")
+    assert losses(tmp_path / "b" / "run") == pytest.approx(expected, rel=1e-6)
+    card = json.loads((tmp_path / "b" / "run" / "policy.json").read_text())
+    assert card["provenance"]["steps"] == 4 and card["provenance"]["state_noise"] == 0.05
 
 
 def test_binning_is_bit_for_bit_the_servers(trained, dataset):
