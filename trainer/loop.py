@@ -358,6 +358,7 @@ def train(cfg: TrainerConfig, model: torch.nn.Module, batches: BatchSource, layo
         same_layout = record.get("parallel") == metadata["parallel"]
         state = checkpoint.load(resume_path, model, optimizer, restore_rng=same_layout)
         _restore_position(batches, state)
+        result.step = state.step  # a run resumed at its final step trains nothing more
         result.resumed_from = str(resume_path)
         result.last_checkpoint = str(resume_path)
     if layout.is_main:

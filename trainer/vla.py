@@ -273,10 +273,6 @@ def vla(cfg: VLAConfig) -> VLAResult:
         result = train(cfg, model, batches, layout, extra_metadata={"policy": card.to_json()})
         seconds = time.perf_counter() - started
         steps = result.step
-        if result.last_checkpoint and not result.losses:  # resumed at the end: no step ran in this process
-            from trainer.checkpoint import read_record
-
-            steps = int(read_record(Path(result.last_checkpoint))["step"])
         card.provenance = {
             "dataset": str(Path(cfg.data.path).resolve()),
             "dataset_episodes": len(dataset), "dataset_frames": dataset.num_frames,

@@ -305,3 +305,17 @@ def test_writer_splits_and_round_trips(tmp_path, monkeypatch):
     for ep, orig in zip(ds, episodes, strict=True):
         np.testing.assert_array_equal(ep.state, orig.state)
         np.testing.assert_array_equal(ep.action, orig.action)
+
+
+def test_reads_lerobot_tasks_parquet_in_place_of_tasks_jsonl(dataset_copy):
+    """LeRobot's own v3 writer keeps tasks in meta/tasks.parquet with the text as pandas index."""
+    original = LeRobotDataset(dataset_copy)
+    jsonl = dataset_copy / "meta" / "tasks.jsonl"
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    jsonl.unlink()
+    pq.write_table(pa.table({"task_index": [r["task_index"] for r in rows],
+                             "__index_level_0__": [r["task"] for r in rows]}),
+                   dataset_copy / "meta" / "tasks.parquet")
+    again = LeRobotDataset(dataset_copy)
+    assert again.tasks == original.tasks
+    assert [e.task for e in again.episodes] == [e.task for e in original.episodes]

@@ -137,3 +137,15 @@ def test_generic_sources_shard_over_data_parallel_ranks_and_resume_by_replay():
     assert [int(next(again)["tokens"]) for _ in range(2)] == [10, 11]
     plain = resumable(numbers())
     assert isinstance(plain, ReplaySource) and resumable(plain) is plain
+
+
+def test_resuming_a_finished_run_reports_its_step_and_trains_nothing(data, tmp_path):
+    from trainer.pretrain import pretrain
+
+    tokenizer, prefix = data
+    done = pretrain(tiny_config(tmp_path / "run", tokenizer, [prefix], "--schedule.train_steps", "4",
+                                "--schedule.warmup_steps", "1"))
+    again = pretrain(tiny_config(tmp_path / "run", tokenizer, [prefix], "--schedule.train_steps", "4",
+                                 "--schedule.warmup_steps", "1", "--checkpoint.resume", "auto"))
+    assert done.step == again.step == 4
+    assert again.losses == {}

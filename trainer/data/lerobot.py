@@ -18,7 +18,7 @@ Episode rows use LeRobot v3's column names — ``episode_index``, ``tasks``,
 ``length``, ``data/chunk_index``, ``data/file_index``, ``dataset_from_index``,
 ``dataset_to_index``, ``meta/episodes/chunk_index``, ``meta/episodes/file_index`` —
 plus EvalForge's ``task_index``, ``seed`` and ``success``. Two deliberate
-departures from LeRobot's own writer: tasks live in ``meta/tasks.jsonl`` (LeRobot
+departures from LeRobot's own writer (the reader accepts both): tasks live in ``meta/tasks.jsonl`` (LeRobot
 v3 keeps a ``tasks.parquet`` whose pandas index is the task text, which cannot
 be written without pandas), and episode rows carry no per-episode stats columns.
 A task is the task *name* a policy sees in its observation (``reach-v3``); its
@@ -365,6 +365,8 @@ class LeRobotDataset:
         return info
 
     def _read_tasks(self) -> tuple[list[str], dict[str, str]]:
+        if not (self.root / "meta/tasks.jsonl").is_file() and (self.root / "meta/tasks.parquet").is_file():
+            return self._read_tasks_parquet()
         path = self._meta("meta/tasks.jsonl")
         by_index: dict[int, dict[str, Any]] = {}
         for line_no, line in enumerate(path.read_text().splitlines(), 1):
@@ -380,6 +382,22 @@ class LeRobotDataset:
             raise DatasetError(f"{path}: task_index values must be 0..N-1, got {sorted(by_index)}")
         tasks = [str(by_index[i]["task"]) for i in range(len(by_index))]
         return tasks, {t: str(by_index[i].get("instruction", t)) for i, t in enumerate(tasks)}
+
+    def _read_tasks_parquet(self) -> tuple[list[str], dict[str, str]]:
+        """LeRobot's own v3 writer: ``meta/tasks.parquet``, task text as the pandas index, plus ``task_index``."""
+        import pyarrow.parquet as pq
+
+        path = self.root / "meta/tasks.parquet"
+        table = pq.read_table(path).to_pydict()
+        text_column = next((c for c in ("task", "__index_level_0__") if c in table), None)
+        if text_column is None or "task_index" not in table:
+            raise DatasetError(f"{path}: expected a task_index column and the task text (column 'task' or the "
+                               f"pandas index), got columns {sorted(table)}")
+        by_index = {int(i): str(t) for i, t in zip(table["task_index"], table[text_column], strict=True)}
+        if sorted(by_index) != list(range(len(by_index))) or not by_index:
+            raise DatasetError(f"{path}: task_index values must be 0..N-1, got {sorted(by_index)}")
+        tasks = [by_index[i] for i in range(len(by_index))]
+        return tasks, {t: t for t in tasks}  # LeRobot's task text is its instruction
 
     def _read_stats(self) -> dict[str, Any]:
         stats = self._read_json("meta/stats.json")
