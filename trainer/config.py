@@ -252,6 +252,14 @@ class PretrainConfig(TrainerConfig):
 C = TypeVar("C")
 
 
+def config_from_args(cls: type[C], args: Any) -> C:
+    """A training verb's config from its ``--config``, ``--resume`` and ``--section.key value`` arguments."""
+    overrides = list(args.overrides or [])
+    if args.resume:
+        overrides += ["--checkpoint.resume", args.resume]
+    return load_config(cls, args.config, overrides)
+
+
 def load_config(cls: type[C], path: Path | str | None = None, overrides: list[str] | None = None) -> C:
     """Build ``cls`` from its defaults, a YAML recipe and ``--dotted.key value`` overrides."""
     raw: dict[str, Any] = {}

@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from trainer.config import ConfigError, PretrainConfig, load_config
+from trainer.config import ConfigError, PretrainConfig, config_from_args
 
 # this verb takes `--section.key value` overrides after its own options
 CONFIG_OVERRIDES = True
@@ -77,14 +77,7 @@ def run(args: argparse.Namespace) -> object:
     from trainer.loop import NonFiniteLoss
     from trainer.tokenizer import TokenizerError
 
-    overrides = list(args.overrides or [])
-    if args.resume:
-        overrides += ["--checkpoint.resume", args.resume]
     try:
-        cfg = load_config(PretrainConfig, args.config, overrides)
-        result = pretrain(cfg)
-    except (ConfigError, CheckpointError, CorpusError, TokenizerError) as exc:
+        return pretrain(config_from_args(PretrainConfig, args))
+    except (ConfigError, CheckpointError, CorpusError, TokenizerError, NonFiniteLoss) as exc:
         raise SystemExit(f"trainer pretrain: {exc}") from None
-    except NonFiniteLoss as exc:
-        raise SystemExit(f"trainer pretrain: {exc}") from None
-    return result

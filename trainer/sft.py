@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer.config import ConfigError, TrainerConfig, load_config
+from trainer.config import ConfigError, TrainerConfig, config_from_args
 
 CONFIG_OVERRIDES = True
 
@@ -118,10 +118,7 @@ def run(args: argparse.Namespace) -> object:
     from trainer.loop import NonFiniteLoss
     from trainer.tokenizer import TokenizerError
 
-    overrides = list(args.overrides or [])
-    if args.resume:
-        overrides += ["--checkpoint.resume", args.resume]
     try:
-        return sft(load_config(SFTConfig, args.config, overrides))
+        return sft(config_from_args(SFTConfig, args))
     except (ConfigError, CheckpointError, SFTDataError, TokenizerError, NonFiniteLoss) as exc:
         raise SystemExit(f"trainer sft: {exc}") from None

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from trainer.config import ConfigError, TrainerConfig, load_config
+from trainer.config import ConfigError, TrainerConfig, config_from_args
 
 if TYPE_CHECKING:  # torch, megatron and the simulators load only when a run starts
     import torch
@@ -305,12 +305,8 @@ def run(args: argparse.Namespace) -> VLAResult:
     from trainer.export import ExportError
     from trainer.loop import NonFiniteLoss
 
-    overrides = list(args.overrides or [])
-    if args.resume:
-        overrides += ["--checkpoint.resume", args.resume]
     try:
-        cfg = load_config(VLAConfig, args.config, overrides)
-        result = vla(cfg)
+        result = vla(config_from_args(VLAConfig, args))
     except (ConfigError, DatasetError, SuiteError, CheckpointError, ExportError, AdapterError,
             NonFiniteLoss) as exc:
         raise SystemExit(f"trainer vla: {exc}") from None
