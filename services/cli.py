@@ -7,11 +7,15 @@
     evalforge db upgrade [REVISION] | downgrade REVISION | current
     evalforge worker [--concurrency N] [--loglevel info]         run episodes from the `episodes` queue
     evalforge sweeper [--once]                                    re-enqueue stranded episodes (a loop)
+    evalforge policy register|list                                register / list policies (via the API)
+    evalforge eval submit|status|list|cancel                      run and follow evaluations (via the API)
+    evalforge leaderboard --suite SUITE                           policies ranked on a suite (via the API)
 
 Every verb reads the store from ``DATABASE_URL`` (default: the SQLite file
 ``./runs/evalforge.db``). Each verb imports only what it needs, so ``evalforge
 apikey list`` does not load the web stack. Later verbs (``worker``, ``up``,
-``eval …``) plug in as further subparsers.
+``eval …``) plug in as further subparsers. The API-client verbs (``policy``, ``eval``,
+``leaderboard``: ``--api-url``/``--api-key``) live in ``services/client_cli.py``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import sys
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
+
+from services.client_cli import add_client_verbs
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -187,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweeper = verbs.add_parser("sweeper", help="re-enqueue pending/lost episodes, close dead ones (a loop)")
     sweeper.add_argument("--once", action="store_true", help="sweep once and exit")
     sweeper.set_defaults(handler=_cmd_sweeper)
+    add_client_verbs(verbs)
     return parser
 
 
