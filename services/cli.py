@@ -10,6 +10,7 @@
     evalforge policy register|list                                register / list policies (via the API)
     evalforge eval submit|status|list|cancel                      run and follow evaluations (via the API)
     evalforge leaderboard --suite SUITE                           policies ranked on a suite (via the API)
+    evalforge up [--checkpoint [NAME=]DIR ...] [--workers N]      the whole stack, supervised (services/stack.py)
 
 Every verb reads the store from ``DATABASE_URL`` (default: the SQLite file
 ``./runs/evalforge.db``). Each verb imports only what it needs, so ``evalforge
@@ -194,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweeper.add_argument("--once", action="store_true", help="sweep once and exit")
     sweeper.set_defaults(handler=_cmd_sweeper)
     add_client_verbs(verbs)
+
+    from services.stack import add_up_verb
+
+    add_up_verb(verbs)
     return parser
 
 

@@ -22,6 +22,8 @@ from typing import Protocol
 from celery import Celery
 from kombu import Connection
 
+from services.broker import transport_options
+
 RUN_EPISODE_TASK = "evalforge.run_episode"
 
 log = logging.getLogger("evalforge.api.queue")
@@ -55,7 +57,7 @@ class CeleryEpisodeQueue:
             # is the recovery path for anything longer.
             task_publish_retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2,
                                        "interval_max": 0.5},
-            broker_transport_options={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s},
+            broker_transport_options=transport_options(broker_url, socket_timeout_s=timeout_s),
         )
 
     def enqueue(self, episode_ids: Sequence[int]) -> int:
@@ -73,5 +75,6 @@ class CeleryEpisodeQueue:
 
     def ping(self) -> None:
         with Connection(self.broker_url, connect_timeout=self.timeout_s,
-                        transport_options={"socket_timeout": self.timeout_s}) as connection:
+                        transport_options=transport_options(self.broker_url,
+                                                            socket_timeout_s=self.timeout_s)) as connection:
             connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=self.timeout_s)

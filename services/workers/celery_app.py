@@ -10,7 +10,8 @@ finish-once rules make safe:
 - ``worker_prefetch_multiplier=1``: a worker holds one episode at a time, so long
   episodes do not sit reserved behind each other on one busy worker;
 - ``visibility_timeout`` (Redis): how long an unacknowledged message waits before
-  redelivery — longer than any episode;
+  redelivery — longer than any episode (the embedded broker, ``services/broker.py``,
+  has none: the sweeper covers it);
 - JSON only: the queue carries episode ids, never pickles.
 
 The task itself is in ``services/workers/tasks.py`` (loaded through ``include``).
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from services.broker import transport_options
 from services.workers.settings import WorkerSettings
 from services.workers.settings import settings as default_settings
 
@@ -40,7 +42,8 @@ def make_celery_app(settings: WorkerSettings | None = None) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
-        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_transport_options=transport_options(settings.effective_broker_url,
+                                                   visibility_timeout_s=settings.visibility_timeout_s),
         task_serializer="json",
         accept_content=["json"],
         result_serializer="json",
