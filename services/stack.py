@@ -105,11 +105,15 @@ class Supervisor:
 
     def __init__(self, specs: Sequence[ProcessSpec], log_dir: Path, *, env: dict[str, str] | None = None,
                  on_change: Callable[[Supervisor], None] | None = None,
-                 health_check: Callable[[str], bool] = _http_ok) -> None:
+                 health_check: Callable[[str], bool] = _http_ok, backoff_start_s: float = BACKOFF_START_S,
+                 backoff_max_s: float = BACKOFF_MAX_S, stable_after_s: float = STABLE_AFTER_S,
+                 health_every_s: float = HEALTH_EVERY_S, unhealthy_after: int = UNHEALTHY_AFTER) -> None:
         names = [spec.name for spec in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"process names must be unique, got {names}")
-        self.children = {spec.name: ChildState(spec) for spec in specs}
+        self.children = {spec.name: ChildState(spec, backoff_s=backoff_start_s) for spec in specs}
+        self.backoff_start_s, self.backoff_max_s, self.stable_after_s = backoff_start_s, backoff_max_s, stable_after_s
+        self.health_every_s, self.unhealthy_after = health_every_s, unhealthy_after
         self.log_dir = log_dir
         self.env = dict(os.environ if env is None else env)
         self.on_change = on_change
@@ -140,13 +144,13 @@ class Supervisor:
 
     def _schedule_restart(self, child: ChildState, why: str) -> None:
         now = time.monotonic()
-        if now - child.started_at >= STABLE_AFTER_S:
-            child.backoff_s = BACKOFF_START_S
+        if now - child.started_at >= self.stable_after_s:
+            child.backoff_s = self.backoff_start_s
         child.restart_at = now + child.backoff_s
         child.healthy = False
         log.warning("%s %s; restarting in %.0f s (log: %s)", child.spec.name, why, child.backoff_s,
                     self.log_path(child.spec.name))
-        child.backoff_s = min(child.backoff_s * 2, BACKOFF_MAX_S)
+        child.backoff_s = min(child.backoff_s * 2, self.backoff_max_s)
         child.restarts += 1
         self._changed()
 
@@ -188,7 +192,7 @@ class Supervisor:
             return
         if now < child.next_check_at:
             return
-        child.next_check_at = now + HEALTH_EVERY_S
+        child.next_check_at = now + self.health_every_s
         if self.health_check(child.spec.health_url):
             child.failed_checks = 0
             if not child.healthy:
@@ -198,7 +202,7 @@ class Supervisor:
             return
         if child.healthy:
             child.failed_checks += 1
-            if child.failed_checks >= UNHEALTHY_AFTER:
+            if child.failed_checks >= self.unhealthy_after:
                 self._kill(child, grace_s=5.0)
                 self._schedule_restart(child, f"failed {child.failed_checks} health checks in a row")
         elif now - child.started_at > child.spec.startup_timeout_s:
