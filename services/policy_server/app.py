@@ -242,8 +242,11 @@ class PolicyService:
                 self.metrics.request_seconds.observe(time.perf_counter() - start)
                 return packb(reply.to_wire()), None
             if isinstance(request, BareObservationRequest):
-                actions, timing = await self.infer_observation(self._bare_observation(request.obs), "bare")
+                # counted here, not through infer_observation(): this frame is already in flight
+                self.metrics.requests.labels("bare").inc()
+                actions, timing = await self.infer_chunk(self._bare_observation(request.obs))
                 timing["infer_ms"] = (time.perf_counter() - start) * 1e3
+                self.metrics.request_seconds.observe(timing["infer_ms"] / 1e3)
                 return packb({"actions": actions, "server_timing": timing}), None
             if isinstance(request, ResetRequest):
                 self.metrics.requests.labels("reset").inc()
