@@ -25,12 +25,23 @@ do not share their random draws. PCG64 streams are identical on every platform;
 the physics that settles the arm after the draw is deterministic for a given
 MuJoCo build and CPU architecture.
 
+Rendering (``MetaWorldEnv.render_frame``, for replays): offscreen with MuJoCo's own
+``mujoco.Renderer``, created on the first call and reused. A machine without a
+display needs a headless OpenGL: when ``MUJOCO_GL`` is unset and there is no
+``DISPLAY``, this module sets ``MUJOCO_GL=egl`` before MuJoCo is imported (Mesa's
+EGL falls back to the llvmpipe software rasteriser on a host without a GPU; set
+``MUJOCO_GL=osmesa`` to use OSMesa instead). Shadows and reflections are switched
+off: in software they cost ~90% of a frame, ~10-20 ms instead of ~110 ms at 160×120
+on a shared 2-core host. Physics is untouched, so a rendered episode plays exactly
+like an unrendered one.
+
 Nothing here imports ``metaworld`` until an environment or expert is made, so the
 suite catalogue stays cheap to read.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
 import zlib
 from typing import Any
@@ -48,6 +59,13 @@ from benchmarks.suite import (
 
 MAX_STEPS = 500
 FPS = 80.0
+
+# Headless hosts: MuJoCo picks its OpenGL backend once, when it is first imported.
+if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+    os.environ["MUJOCO_GL"] = "egl"
+
+RENDER_CAMERA = "corner"
+"""The replay camera: the table, the arm and the goal from the front corner."""
 
 # MetaWorld ships no language; these follow the task descriptions of the MetaWorld
 # paper (Yu et al., 2019, appendix), in the order of metaworld.env_dict.ALL_V3_ENVIRONMENTS.
@@ -142,6 +160,7 @@ class MetaWorldEnv(EpisodeEnv):
         env.seeded_rand_vec = True
         env.max_path_length = self.max_steps
         self._env = env
+        self._renderer: Any = None  # mujoco.Renderer, made on the first render_frame()
 
     def _reset(self, seed: int) -> Observation:
         self._env.np_random = _task_rng(self.task, seed)
@@ -154,7 +173,38 @@ class MetaWorldEnv(EpisodeEnv):
         return canonical_observation(state, self.task), float(reward), success, {
             k: float(v) for k, v in info.items() if isinstance(v, int | float | np.floating | np.integer)}
 
+    def render_frame(self, width: int = 160, height: int = 120) -> np.ndarray:
+        """The current scene from ``RENDER_CAMERA`` as ``uint8[height, width, 3]``, rendered offscreen.
+
+        Raises whatever MuJoCo raises when no OpenGL context can be made (no EGL/OSMesa
+        library, no display): callers that treat frames as optional catch ``Exception``.
+        """
+        import mujoco
+
+        if self._renderer is None or (self._renderer.height, self._renderer.width) != (height, width):
+            self._close_renderer()
+            model = self._env.model
+            # The offscreen buffer must hold the frame; it is allocated once, with the context.
+            model.vis.global_.offwidth = max(model.vis.global_.offwidth, width)
+            model.vis.global_.offheight = max(model.vis.global_.offheight, height)
+            self._renderer = mujoco.Renderer(model, height=height, width=width)
+        renderer = self._renderer
+        renderer.update_scene(self._env.data, camera=RENDER_CAMERA)
+        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
+        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
+        # MetaWorld's corner cameras are mounted upside down: turn the picture 180 degrees.
+        return np.ascontiguousarray(renderer.render()[::-1, ::-1])
+
+    def _close_renderer(self) -> None:
+        if self._renderer is not None:
+            renderer, self._renderer = self._renderer, None
+            try:
+                renderer.close()
+            except Exception:  # a context that never fully came up may fail to free; it is gone either way
+                pass
+
     def close(self) -> None:
+        self._close_renderer()
         self._env.close()
 
 

@@ -201,6 +201,9 @@ class EpisodeOut(_Response):
     latency_p95_ms: float | None
     failure_reason: str | None
     error_message: str | None
+    artifact_path: str | None = Field(None, description=(
+        "Replay GIF of the episode, relative to the workers' `ARTIFACT_ROOT` (the first "
+        "`EVALFORGE_REPLAY_EPISODES` episodes of an evaluation have one); null when none was recorded."))
     attempts: int
     worker_id: str | None
     started_at: datetime | None

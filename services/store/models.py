@@ -248,6 +248,8 @@ class Episode(Base):
     latency_p95_ms: Mapped[float | None] = mapped_column(Float)
     failure_reason: Mapped[str | None] = mapped_column(String(32))
     error_message: Mapped[str | None] = mapped_column(Text)
+    # The replay GIF (services/workers/replays.py), relative to the workers' ARTIFACT_ROOT; None: not recorded.
+    artifact_path: Mapped[str | None] = mapped_column(String(1000))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())

@@ -379,10 +379,11 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
                    steps: int | None = None, duration_s: float | None = None,
                    latency_mean_ms: float | None = None, latency_p95_ms: float | None = None,
                    failure_reason: FailureReason | str | None = None, error_message: str | None = None,
-                   now: datetime | None = None) -> bool:
+                   artifact_path: str | None = None, now: datetime | None = None) -> bool:
     """Record an episode's result once; True when written, False when it was already terminal.
 
     ``success=False`` without a ``failure_reason`` means the episode ran out of steps.
+    ``artifact_path``: its replay GIF, relative to the workers' ``ARTIFACT_ROOT``.
     """
     reason = FailureReason(failure_reason).value if failure_reason is not None else None
     if success and reason is not None:
@@ -393,7 +394,7 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
         .values(status=(EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED).value, success=success,
                 total_return=total_return, steps=steps, duration_s=duration_s, latency_mean_ms=latency_mean_ms,
                 latency_p95_ms=latency_p95_ms, failure_reason=reason, error_message=error_message,
-                finished_at=now, lease_expires_at=None)
+                artifact_path=artifact_path, finished_at=now, lease_expires_at=None)
         .returning(Episode.id).execution_options(synchronize_session=False)).first()
     session.commit()
     return written is not None

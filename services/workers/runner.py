@@ -9,15 +9,30 @@
    limit (one simulator per task is kept per worker process and reset per episode);
 3. plays it with ``benchmarks.runner.run_episode`` through an ``ActionChunkBroker`` on
    a ``PolicyClient`` for the policy's endpoint (one client per endpoint per worker
-   process), extending the lease every ``heartbeat_s`` seconds;
+   process), extending the lease every ``heartbeat_s`` seconds, and recording replay
+   frames when the episode is one of its evaluation's first ``replay_episodes``
+   (``services/workers/replays.py``);
 4. when the policy server is unreachable or times out, restarts the episode from its
    seed after an exponential, fully jittered backoff, up to ``policy_retries`` times;
    then the episode fails with ``policy_timeout`` (or ``policy_error`` when the
    server kept answering with errors). A simulator exception fails it with
    ``env_error`` at once (it would fail again); the worker goes on;
-5. writes the result once (``queries.finish_episode``) and finalises the evaluation
-   if that was its last live episode (``queries.finalize_evaluation_if_done``, which
-   closes it exactly once however many workers race).
+5. writes the result once (``queries.finish_episode``, with the replay GIF's path if
+   one was recorded) and finalises the evaluation if that was its last live episode
+   (``queries.finalize_evaluation_if_done``, which closes it exactly once however many
+   workers race).
+
+Time limit: each episode gets its own, from its row's step limit —
+``episode_time_limit(max_steps) = max_steps × seconds_per_step + retry budget`` (the
+time its policy-server reconnects and backoffs may take), counted from the first reset
+(building the simulator, once per worker process, is not the episode's time) and
+checked after every step. An episode past it fails cleanly: ``policy_timeout`` when
+most of the time went to waiting for the policy server, ``env_error`` (a harness
+failure, left out of success rates) when it went to the simulator or the worker; the
+message says where the time went. A 150-step task thus gets 75 s at the default
+0.5 s a step, not the budget of a 500-step one. Only a call that never returns (a
+simulator hung in C code) escapes this check; the Celery task's process-wide soft and
+hard limits (``services/workers/tasks.py``) are the last resort for that.
 """
 
 from __future__ import annotations
@@ -50,6 +65,7 @@ from services.protocol.client import (
 from services.protocol.messages import ErrorCode
 from services.store import queries
 from services.store.models import Episode, EpisodeStatus, Evaluation, FailureReason, Policy
+from services.workers.replays import ReplayRecorder, save_replay
 from services.workers.settings import WorkerSettings
 
 log = logging.getLogger("evalforge.workers.runner")
@@ -84,6 +100,46 @@ class _PolicyRetryable(Exception):
     def __init__(self, reason: FailureReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class _OutOfTime(Exception):
+    """The episode's deadline passed (raised from the per-step hook, so it leaves the loop at once)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"out of time at step {step}")
+        self.step = step
+        self.policy_s = 0.0  # time this try spent waiting for the policy server
+        self.try_s = 0.0  # time this try ran
+
+
+@dataclass
+class _EpisodeClock:
+    """An episode's time limit, counted from when its simulator is ready on the first try:
+    importing MuJoCo and building a simulator is a once-per-process cost, not the episode's."""
+
+    limit_s: float
+    started: float | None = None
+
+    def start(self) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return 0.0 if self.started is None else time.monotonic() - self.started
+
+    def left(self) -> float:
+        return self.limit_s - self.elapsed()
+
+
+def retry_budget_s(settings: WorkerSettings) -> float:
+    """The longest an episode may spend connecting to the policy server and backing off between tries."""
+    return ((settings.policy_retries + 1) * settings.policy_connect_deadline_s
+            + settings.policy_retries * settings.policy_backoff_max_s)
+
+
+def episode_time_limit(max_steps: int, settings: WorkerSettings) -> float:
+    """Seconds an episode of ``max_steps`` steps may run, from its first reset to its last step."""
+    return max_steps * settings.seconds_per_step + retry_budget_s(settings)
 
 
 # ---------------------------------------------------------------------------- per-process caches
@@ -148,6 +204,7 @@ def close_caches() -> None:
 class _Job:
     episode_id: int
     evaluation_id: int
+    episode_index: int
     suite: str
     task: str
     seed: int
@@ -158,8 +215,8 @@ class _Job:
 
 def _load_job(session: Session, episode_id: int) -> _Job:
     row = session.execute(
-        select(Episode.evaluation_id, Evaluation.suite, Episode.task, Episode.seed, Episode.max_steps,
-               Policy.endpoint, Episode.attempts)
+        select(Episode.evaluation_id, Episode.episode_index, Evaluation.suite, Episode.task, Episode.seed,
+               Episode.max_steps, Policy.endpoint, Episode.attempts)
         .join(Evaluation, Evaluation.id == Episode.evaluation_id)
         .join(Policy, Policy.id == Evaluation.policy_id)
         .where(Episode.id == episode_id)).one()
@@ -200,6 +257,7 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
         return _why_not_claimed(session_factory, episode_id, settings)
     with session_factory() as session:
         job = _load_job(session, episode_id)
+    clock = _EpisodeClock(episode_time_limit(job.max_steps, settings))
 
     last_beat = time.monotonic()
 
@@ -212,14 +270,20 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
                 raise LeaseLost(f"episode {episode_id} is no longer held by {worker_id}")
         last_beat = time.monotonic()
 
+    def on_step(step: int) -> None:
+        if clock.left() < 0:
+            raise _OutOfTime(step)
+        heartbeat(step)
+
     result: dict = {}
     reason: FailureReason | None = None
     message: str | None = None
     rng = random.Random()
+    recorders: list[ReplayRecorder] | None = [] if job.episode_index < settings.replay_episodes else None
     try:
         for retry in range(settings.policy_retries + 1):
             try:
-                result = _play(job, settings, heartbeat)
+                result = _play(job, settings, clock, on_step, recorders)
                 reason, message = None, None
                 break
             except _PolicyRetryable as exc:
@@ -227,12 +291,22 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
                 if retry == settings.policy_retries:
                     break
                 delay = _backoff(settings, retry, rng)
+                if delay > clock.left():
+                    message += f"; its time limit of {clock.limit_s:.1f} s leaves no room for another try"
+                    break
                 log.warning("episode %d: %s; retrying in %.1f s (%d/%d)", episode_id, exc, delay, retry + 1,
                             settings.policy_retries)
-                deadline = time.monotonic() + delay
-                while (left := deadline - time.monotonic()) > 0:
+                wake = time.monotonic() + delay
+                while (left := wake - time.monotonic()) > 0:
                     sleep(min(left, settings.heartbeat_s))
                     heartbeat()
+    except _OutOfTime as exc:
+        # Earlier tries and the backoffs after them were all policy-server trouble.
+        elapsed_s = clock.elapsed()
+        reason, message = _out_of_time(exc, job, settings, clock.limit_s, elapsed_s=elapsed_s,
+                                       policy_s=elapsed_s - (exc.try_s - exc.policy_s))
+        result = {"steps": exc.step, "duration_s": exc.try_s}
+        log.warning("episode %d: %s", episode_id, message)
     except LeaseLost as exc:
         log.warning("%s; dropping it", exc)
         return RunResult(episode_id, "superseded", attempts=job.attempts, detail=str(exc))
@@ -245,13 +319,17 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
         # Deterministic refusals (unknown task, malformed actions): retrying would fail the same way.
         reason, message = FailureReason.POLICY_ERROR, f"{type(exc).__name__}: {exc}"
 
+    artifact_path = None
+    if recorders:
+        artifact_path = save_replay(recorders[-1], settings.artifact_root, job.evaluation_id, job.episode_index,
+                                    fps=get_suite(job.suite).fps / settings.replay_every)
     with session_factory() as session:
         written = queries.finish_episode(
             session, episode_id, success=bool(result.get("success")) and reason is None,
             total_return=result.get("total_return"), steps=result.get("steps"),
             duration_s=result.get("duration_s"), latency_mean_ms=result.get("latency_mean_ms"),
             latency_p95_ms=result.get("latency_p95_ms"), failure_reason=reason,
-            error_message=message[:2000] if message else None)
+            error_message=message[:2000] if message else None, artifact_path=artifact_path)
         finalised = queries.finalize_evaluation_if_done(session, job.evaluation_id)
     if not written:
         return RunResult(episode_id, "superseded", attempts=job.attempts, finalised=finalised,
@@ -277,14 +355,51 @@ def fail_episode(session_factory: sessionmaker[Session], episode_id: int, reason
     return written
 
 
-def _play(job: _Job, settings: WorkerSettings, heartbeat: Callable[[int], None]) -> dict:
-    """One try at the episode; policy-server trouble is raised as ``_PolicyRetryable``."""
+def _out_of_time(exc: _OutOfTime, job: _Job, settings: WorkerSettings, limit_s: float, *, elapsed_s: float,
+                 policy_s: float) -> tuple[FailureReason, str]:
+    """Whose fault the overrun is (where most of the time went) and a message saying so."""
+    other_s = max(0.0, elapsed_s - policy_s)
+    policy_bound = policy_s >= other_s
+    where = (f"of its {elapsed_s:.2f} s, {policy_s:.2f} s went to the policy server {job.endpoint} (connecting, "
+             f"inference, retries) and {other_s:.2f} s to building and stepping the simulator and the worker")
+    fix = ("the policy server is too slow for this budget (serve it on faster hardware or with fewer clients)"
+           if policy_bound else "the simulator or the worker host is too slow for this budget")
+    return (FailureReason.POLICY_TIMEOUT if policy_bound else FailureReason.ENV_ERROR,
+            f"the episode ran past its time limit of {limit_s:.1f} s ({job.max_steps} steps × "
+            f"{settings.seconds_per_step:g} s per step + {retry_budget_s(settings):.1f} s for policy-server "
+            f"retries) at step {exc.step}: {where}; {fix} — or raise EVALFORGE_SECONDS_PER_STEP")
+
+
+def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Callable[[int], None],
+          recorders: list[ReplayRecorder] | None) -> dict:
+    """One try at the episode; policy-server trouble is raised as ``_PolicyRetryable``.
+
+    With ``recorders`` (a list), a fresh ``ReplayRecorder`` for this try is appended to it:
+    it grabs a frame before every ``replay_every``-th action and one of the final state.
+    """
     env = _environment(job.suite, job.task, job.seed)
     env.max_steps = job.max_steps
+    clock.start()
+    started = time.monotonic()
     client = policy_client(job.endpoint, settings)
     broker = ActionChunkBroker(client, episode_id=f"episode-{job.episode_id}-{job.attempts}")
+    act = broker.act
+    recorder = None
+    if recorders is not None:
+        recorder = ReplayRecorder(env, settings.replay_every)
+        recorders.append(recorder)
+
+        def act(obs: dict) -> np.ndarray:
+            recorder.capture(env.steps)
+            return broker.act(obs)
+
     try:
-        outcome = run_episode(env, broker.act, seed=job.seed, on_step=heartbeat)
+        outcome = run_episode(env, act, seed=job.seed, on_step=on_step)
+        if recorder is not None:
+            recorder.capture(env.steps, last=True)
+    except _OutOfTime as exc:
+        exc.policy_s, exc.try_s = float(sum(broker.latencies_s)), time.monotonic() - started
+        raise
     except (PolicyUnavailable, PolicyTimeout, OSError, EOFError, WebSocketException) as exc:
         client.close()
         raise _PolicyRetryable(FailureReason.POLICY_TIMEOUT, f"policy server {job.endpoint}: {exc}") from exc

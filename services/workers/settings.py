@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -33,7 +35,15 @@ class WorkerSettings(BaseSettings):
     policy_connect_deadline_s: float = Field(10.0, gt=0, description="Budget to (re)connect to a policy server.")
     policy_call_timeout_s: float = Field(30.0, gt=0, description="Budget for one inference call.")
     seconds_per_step: float = Field(0.5, gt=0, description=(
-        "Time budget per simulator step; a task's soft time limit is max steps × this + slack."))
+        "Time budget per simulator step: an episode fails once it has run longer than its own max steps × "
+        "this + the policy-retry budget (checked every step)."))
+    # Replays.
+    replay_episodes: int = Field(3, ge=0, description=(
+        "Record a replay GIF of the first N episodes of each evaluation (by episode index); 0 turns replays "
+        "off. Costs ~10-20 ms of software rendering per frame on a CPU host."))
+    replay_every: int = Field(2, ge=1, description="Steps between two replay frames.")
+    artifact_root: Path = Field(Path("runs/artifacts"), validation_alias="ARTIFACT_ROOT", description=(
+        "Directory replay GIFs are written under (episode rows keep paths relative to it)."))
     # The sweeper.
     pending_after_s: float = Field(300.0, gt=0, description=(
         "A `pending` episode this old is re-enqueued (its broker message may have been lost)."))

@@ -6,12 +6,17 @@ tests call directly. The task is idempotent: a duplicate or redelivered message 
 an episode that is finished, cancelled or held by a live worker is a no-op (the
 claim is a conditional update), so Celery's at-least-once delivery is safe.
 
-Time limits: the soft limit is the longest step limit of any registered suite ×
-``seconds_per_step`` plus the policy-retry budget; at the soft limit the episode is
-recorded as ``worker_lost`` with a message that says so (it is the harness's fault,
-not the policy's). The hard limit, a minute later, kills the pool process; the
-message then goes back to the queue and the lease expires, so the sweeper retries
-or closes it.
+Time limits: each episode's own limit, from its row's ``max_steps``, is enforced by
+the runner inside its loop (``runner.episode_time_limit``: checked every step, the
+episode fails cleanly with a message saying where the time went). The task's Celery
+limits are the process-wide last resort, for a call that never returns (a simulator
+hung in C code): the soft limit is the runner's limit for the longest step limit of
+any registered suite plus a minute; at the soft limit the episode is recorded as
+``worker_lost`` with a message that says so (it is the harness's fault, not the
+policy's). The hard limit, a minute later, kills the pool process; the message then
+goes back to the queue and the lease expires, so the sweeper retries or closes it.
+The API publishes bare episode ids without per-message limits: the worker reads each
+episode's step limit from its row, so producers need not know it.
 """
 
 from __future__ import annotations
@@ -34,11 +39,10 @@ log = logging.getLogger("evalforge.workers.tasks")
 
 
 def time_limits(settings: WorkerSettings) -> tuple[float, float]:
-    """(soft, hard) seconds for one episode task, from the suites' longest step limit."""
+    """(soft, hard) process-wide seconds for one episode task: a minute past the runner's own
+    per-episode limit for the suites' longest step limit, then another minute."""
     longest = max(spec.max_steps for name in list_suites() for spec in get_suite(name).tasks)
-    retry_budget = (settings.policy_retries + 1) * (settings.policy_connect_deadline_s
-                                                     + settings.policy_backoff_max_s)
-    soft = longest * settings.seconds_per_step + retry_budget + 60.0
+    soft = runner.episode_time_limit(longest, settings) + 60.0
     return soft, soft + 60.0
 
 
@@ -68,8 +72,9 @@ def run_episode(episode_id: int) -> str:
         result = runner.run_episode_by_id(session_factory(), int(episode_id), worker_id(), worker_settings)
     except SoftTimeLimitExceeded:
         runner.fail_episode(session_factory(), int(episode_id), FailureReason.WORKER_LOST,
-                            f"the episode ran past the worker's soft time limit of {SOFT_TIME_LIMIT_S:.0f} s "
-                            "(raise EVALFORGE_SECONDS_PER_STEP if the simulator or policy is this slow)")
+                            f"the episode ran past the worker's process-wide soft time limit of "
+                            f"{SOFT_TIME_LIMIT_S:.0f} s: a simulator or policy call never returned (raise "
+                            "EVALFORGE_SECONDS_PER_STEP if the simulator or policy is really this slow)")
         return "failed"
     log.info("episode %d: %s %s%s", result.episode_id, result.status, result.failure_reason or "",
              " (evaluation finalised)" if result.finalised else "")

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Short leases and retries, so a fault is noticed within seconds.
 FAST = {"lease_s": 3.0, "heartbeat_s": 0.5, "max_attempts": 3, "policy_retries": 2, "policy_backoff_s": 0.2,
         "policy_backoff_max_s": 1.0, "policy_connect_deadline_s": 2.0, "policy_call_timeout_s": 10.0,
-        "pending_after_s": 3.0, "sweep_every_s": 0.5}
+        "pending_after_s": 3.0, "sweep_every_s": 0.5, "replay_episodes": 0}
 
 
 @pytest.fixture(scope="session")
