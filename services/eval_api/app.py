@@ -3,7 +3,8 @@
     uvicorn --factory services.eval_api.app:create_app      # or: evalforge api
 
 JSON everywhere (errors too, see ``errors``), OpenAPI at ``/docs`` and
-``/openapi.json``. Everything a request needs hangs off ``app.state`` — the
+``/openapi.json``; HTML pages for people under ``/ui/``, ``/`` redirecting there
+(``pages``). Everything a request needs hangs off ``app.state`` — the
 session factory, the episode queue, the handshake reader, the metrics — so tests
 build apps against their own database and fakes without patching modules.
 """
@@ -20,6 +21,7 @@ from services.eval_api.errors import install_error_handlers
 from services.eval_api.handshake import read_handshake
 from services.eval_api.metrics import ApiMetrics, RequestMetrics
 from services.eval_api.middleware import BodySizeLimit
+from services.eval_api.pages import router as pages_router
 from services.eval_api.queue import CeleryEpisodeQueue, EpisodeQueue
 from services.eval_api.routes import evaluations, health, leaderboard, policies, suites
 from services.eval_api.settings import ApiSettings
@@ -72,4 +74,5 @@ def create_app(settings: ApiSettings | None = None, store_settings: StoreSetting
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
     for module in (policies, evaluations, leaderboard, suites, health):
         app.include_router(module.router)
+    app.include_router(pages_router)
     return app

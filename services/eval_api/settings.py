@@ -6,6 +6,8 @@ The database is the store's setting (``DATABASE_URL``, see
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -28,6 +30,8 @@ class ApiSettings(BaseSettings):
     max_page_size: int = Field(500, ge=1, description="Largest `limit` a listing accepts.")
     policy_handshake_timeout_s: float = Field(
         10.0, gt=0, description="How long POST /policies waits for the policy server's handshake.")
+    artifact_root: Path = Field(Path("runs/artifacts"), validation_alias="ARTIFACT_ROOT", description=(
+        "The workers' ARTIFACT_ROOT as this host sees it: the evaluation page serves replay GIFs from it."))
 
     @property
     def effective_broker_url(self) -> str:
