@@ -23,6 +23,7 @@ from PIL import Image
 from sqlalchemy import select, update
 
 from services.eval_api.pages import plots, reads
+from services.eval_api.pages import routes as pages_routes
 from services.policy_server.process import free_port
 from services.store import queries
 from services.store.aggregates import wilson_interval
@@ -166,14 +167,20 @@ def screenshot(page, name: str) -> Path:
     return path
 
 
+def visible_policies(page) -> list[str]:
+    return [name.split()[0] for name in page.eval_on_selector_all(
+        "#leaderboard tbody tr", "rows => rows.filter(r => r.offsetParent !== null).map(r => r.cells[1].innerText)")]
+
+
 def column(page, table: str, index: int) -> list[str]:
     return page.eval_on_selector_all(f"#{table} tbody tr", f"rows => rows.map(r => r.cells[{index}].innerText.trim())")
 
 
 @pytest.mark.browser
-def test_leaderboard_page_ranks_draws_intervals_and_sorts(site):
+def test_leaderboard_page_ranks_draws_intervals_and_sorts(site, monkeypatch):
     api, served, page = site
     ids = seed(api)
+    monkeypatch.setattr(pages_routes, "LEADERBOARD_FIRST_ROWS", 2)  # as 100 of 1,000 rows: the rest wait hidden
     page.goto(served.url + "/")  # redirects to /ui/
     assert page.url == served.url + "/ui/"
     assert page.inner_text("#suite-name") == "metaworld-mt10"  # the suite ranking the most policies
@@ -201,13 +208,18 @@ def test_leaderboard_page_ranks_draws_intervals_and_sorts(site):
     assert page.get_attribute("#leaderboard tbody tr:nth-child(1) .policy a", "href") == f"/ui/policies/{ids['beta']}"
     screenshot(page, "leaderboard")
 
+    assert page.locator("#leaderboard tbody.more").is_hidden() and visible_policies(page) == ["beta", "alpha"]
+
+    # Sorting orders every row, hidden ones too, and keeps as many shown.
     page.click("#leaderboard th:has-text('Episodes')")
-    assert column(page, "leaderboard", 4) == ["20", "30", "40"]
+    assert column(page, "leaderboard", 4) == ["20", "30", "40"] and visible_policies(page) == ["gamma", "beta"]
     assert page.get_attribute("#leaderboard th:has-text('Episodes')", "aria-sort") == "ascending"
     page.click("#leaderboard th:has-text('Episodes')")
     assert column(page, "leaderboard", 4) == ["40", "30", "20"]
     page.click("#leaderboard th:has-text('Policy')")
     assert [name.split()[0] for name in column(page, "leaderboard", 1)] == ["alpha", "beta", "gamma"]
+    page.click("#show-all")
+    assert visible_policies(page) == ["alpha", "beta", "gamma"] and page.locator("#show-all").count() == 0
 
     page.click("#suites a:has-text('metaworld-mt1-reach')")
     page.wait_for_selector("#suite-name:has-text('metaworld-mt1-reach')")

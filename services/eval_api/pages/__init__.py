@@ -7,8 +7,9 @@ Where they live: under their own prefix, so no JSON route changes meaning with t
 - ``/ui/?suite=NAME[&include_nonstandard=true]`` — the suites with results as tabs
   (each with the number of policies it ranks; the others under a fold) and the chosen
   suite's leaderboard (the busiest suite when none is named): rank, policy, success
-  rate, its Wilson 95% interval drawn as a bar with whiskers, episodes, date. Columns
-  sort on click.
+  rate, its Wilson 95% interval drawn as a bar with whiskers, episodes, date. Every
+  ranked policy (up to 1,000) is in the page, the first 100 shown and the rest behind
+  "Show all"; columns sort on click, over all rows.
 - ``/ui/evaluations/{id}[?after=INDEX]`` — status, progress and counts, overall
   results, per-task success bars with whiskers, a histogram of per-episode mean policy
   latency with the evaluation's p50/p95, and the episodes table (500 rows a page), with

@@ -83,7 +83,7 @@ def interval_bar(rate: float | None, low: float | None, high: float | None) -> M
     The one figure here that is not SVG: a ``<span>`` whose three numbers (percent, as CSS
     custom properties) the stylesheet draws as layered background gradients
     (``.interval-bar`` in ``base.html``). It repeats 1,000 times on the leaderboard, and
-    Chromium took ~250 ms more to load that page with an inline ``<svg>`` per row (each is
+    Chromium took ~200 ms more to load that page with an inline ``<svg>`` per row (each is
     its own layout root) than with none; painted backgrounds cost next to nothing. The
     figures are in the text beside it, so it is hidden from screen readers.
     """

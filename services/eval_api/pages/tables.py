@@ -57,7 +57,7 @@ def leaderboard_rows(entries: Sequence[LeaderboardEntry], ui_root: str) -> Marku
             f'<td class="num">{e.episodes}</td><td>{when(e.finished_at)}</td>'
             f'<td class="num" data-value="{e.evaluation_id}"><a href="{ui_root}evaluations/{e.evaluation_id}">'
             f"#{e.evaluation_id}</a></td></tr>")
-    return Markup("\n".join(rows))
+    return Markup("".join(rows))
 
 
 def episode_rows(episodes: Sequence[Episode], ui_root: str, *, replays: bool) -> Markup:
@@ -79,4 +79,4 @@ def episode_rows(episodes: Sequence[Episode], ui_root: str, *, replays: bool) ->
             f'<td class="num">{"—" if e.steps is None else e.steps}</td>'
             f'<td class="num">{num(e.total_return, 2)}</td><td class="num">{num(e.latency_mean_ms)}</td>'
             f'<td{error}>{escape(e.failure_reason or "")}</td><td class="num">{e.attempts}</td>{replay}</tr>')
-    return Markup("\n".join(rows))
+    return Markup("".join(rows))
