@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from services.policy_server.process import free_port
+from services.store import migrate
 from services.store.api_keys import authenticate
 from services.store.db import make_engine, make_session_factory
 
@@ -43,8 +44,11 @@ def test_db_and_apikey_commands(tmp_path):
     refused = evalforge(url, "apikey", "list", check=False)
     assert refused.returncode == 2 and "evalforge db upgrade" in refused.stderr
 
-    assert "is at migration 0001" in evalforge(url, "db", "upgrade").stdout
-    assert "is at migration 0001" in evalforge(url, "db", "current").stdout
+    head = migrate.head_revision()
+    assert f"is at migration {head}; newest is {head}" in evalforge(url, "db", "upgrade").stdout
+    assert f"is at migration {head}" in evalforge(url, "db", "current").stdout
+    assert f"is at migration {head}" not in evalforge(url, "db", "downgrade", "-1").stdout
+    assert f"is at migration {head}" in evalforge(url, "db", "upgrade").stdout
 
     created = evalforge(url, "apikey", "create", "--name", "ci runner").stdout
     key = created.split()[-1]  # the key is the last word of the output
