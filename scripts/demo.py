@@ -105,8 +105,9 @@ class StackProcess:
                    "--port", str(args.port), "--policy-port", str(args.policy_port)]
         env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL")
                or f"sqlite:///{(args.root / 'evalforge.db').resolve()}"}
-        self.proc = subprocess.Popen(command, cwd=ROOT, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        with self.log_path.open("wb") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
     def wait_ready(self, console: Console, timeout_s: float = 900) -> dict:
         deadline = time.monotonic() + timeout_s

@@ -375,6 +375,7 @@ class Stack:
         self.api_url = f"http://{args.host}:{args.port}"
         self.env = stack_environment(self.run_dir, dict(os.environ))
         self.registered: dict[str, dict[str, Any]] = {}
+        self.api_key = ""  # the stack's write key, created or reused once migrations ran
         self.status = "starting"
         self.supervisor = Supervisor(build_specs(args, self.checkpoints), self.run_dir / "logs", env=self.env,
                                      on_change=lambda _: self.write_state())
@@ -395,12 +396,12 @@ class Stack:
     def register_policies(self) -> None:
         from services.client import EvalForgeClient
 
-        client = EvalForgeClient(self.api_url, self.api_key)
-        for checkpoint in self.checkpoints:
-            policy = client.register_policy(checkpoint.name, checkpoint.endpoint)
-            self.registered[checkpoint.name] = policy
-            log.info("registered policy %s (id %s, version %s) at %s", checkpoint.name, policy["id"],
-                     policy.get("version"), checkpoint.endpoint)
+        with EvalForgeClient(self.api_url, self.api_key) as client:
+            for checkpoint in self.checkpoints:
+                policy = client.register_policy(checkpoint.name, checkpoint.endpoint)
+                self.registered[checkpoint.name] = policy
+                log.info("registered policy %s (id %s, version %s) at %s", checkpoint.name, policy["id"],
+                         policy.get("version"), checkpoint.endpoint)
         self.write_state()
 
     def housekeeping(self) -> None:

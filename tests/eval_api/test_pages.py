@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from PIL import Image
 from sqlalchemy import select, update
 
-from services.eval_api.pages import plots, reads
+from services.eval_api.pages import plots
 from services.eval_api.pages import routes as pages_routes
 from services.policy_server.process import free_port
 from services.store import queries
@@ -156,7 +156,6 @@ def record_replay(api: Api, evaluation_id: int, episode_index: int) -> Path:
     return path
 
 
-needs_replays = pytest.mark.skipif(not reads.has_replays(), reason="the store has no episodes.artifact_path yet")
 
 
 def screenshot(page, name: str) -> Path:
@@ -231,8 +230,7 @@ def test_leaderboard_page_ranks_draws_intervals_and_sorts(site, monkeypatch):
 def test_evaluation_page_shows_tasks_latency_and_episodes(site):
     api, served, page = site
     ids = seed(api)
-    if reads.has_replays():
-        record_replay(api, ids["alpha_mt10"], 0)
+    record_replay(api, ids["alpha_mt10"], 0)
     page.goto(f"{served.url}/ui/evaluations/{ids['alpha_mt10']}")
     assert page.inner_text("#status") == "finished"
     assert page.inner_text("#done") == "40 / 40"
@@ -265,9 +263,9 @@ def test_evaluation_page_shows_tasks_latency_and_episodes(site):
             Episode.evaluation_id == ids["alpha_mt10"], Episode.failure_reason == "policy_timeout")).all()
     assert timeouts and [i for i, r in enumerate(reasons) if r == "policy_timeout"] == sorted(timeouts)
     assert page.locator("#live-note").count() == 0  # finalised: nothing to poll
-    if reads.has_replays():  # the first episode's replay GIF, loaded from ARTIFACT_ROOT
-        assert page.locator("#episodes img.replay").count() == 1
-        assert page.eval_on_selector("#episodes tbody tr:first-child img.replay", "i => i.naturalWidth") == 160
+    # the first episode's replay GIF, loaded from ARTIFACT_ROOT
+    assert page.locator("#episodes img.replay").count() == 1
+    assert page.eval_on_selector("#episodes tbody tr:first-child img.replay", "i => i.naturalWidth") == 160
     screenshot(page, "evaluation")
 
     page.click("#episodes th:has-text('Steps')")
@@ -369,7 +367,6 @@ def test_pages_follow_the_read_key_rule(store_engine):
         assert api.client.get("/ui/", headers=api.auth).status_code == 200
 
 
-@needs_replays
 def test_replays_are_served_from_the_artifact_root_only(store_engine, tmp_path):
     for api in make_api(store_engine, artifact_root=tmp_path / "artifacts"):
         policy = api.register_policy()

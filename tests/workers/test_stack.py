@@ -32,13 +32,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return any(_alive(int(p.name)) and os.getpgid(int(p.name)) == pgid
-               for p in Path("/proc").iterdir() if p.name.isdigit() and _safe_pgid(int(p.name)) == pgid)
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of the process group ``pgid``."""
+    return [pid for pid in (int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit())
+            if _safe_pgid(pid) == pgid and _alive(pid)]
 
 
 def _safe_pgid(pid: int) -> int | None:
@@ -95,10 +92,9 @@ def test_stop_all_leaves_no_grandchild_behind(tmp_path):
     supervisor = Supervisor([spec], tmp_path / "logs")
     supervisor.start_all()
     pgid = supervisor.children["family"].pid
-    wait_for(lambda: len([p for p in Path("/proc").iterdir() if p.name.isdigit()
-                          and _safe_pgid(int(p.name)) == pgid]) >= 3, 10, "the grandchildren to start")
+    wait_for(lambda: len(_group_members(pgid)) >= 3, 10, "the grandchildren to start")
     supervisor.stop_all(grace_s=5)
-    wait_for(lambda: not _group_alive(pgid), 10, "the whole process group to be gone")
+    wait_for(lambda: not _group_members(pgid), 10, "the whole process group to be gone")
 
 
 # -- `evalforge up` ------------------------------------------------------------------------------
@@ -114,8 +110,9 @@ class UpProcess:
         command = [sys.executable, "-m", "services.cli", "up", "--checkpoint", f"reach={checkpoint}",
                    "--engine", "hf", "--run-dir", str(self.run_dir), "--port", str(free_port()),
                    "--policy-port", str(free_port()), "--concurrency", "1", "--grace", "15"]
-        self.proc = subprocess.Popen(command, cwd=tmp_path, stdout=self.log_path.open("wb"),
-                                     stderr=subprocess.STDOUT, env={**base, "PYTHONUNBUFFERED": "1", **env})
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                                         env={**base, "PYTHONUNBUFFERED": "1", **env})
 
     def state(self) -> dict:
         path = self.run_dir / "stack.json"
@@ -182,7 +179,7 @@ def test_up_on_embedded_defaults_restarts_a_killed_worker_and_stops_cleanly(tmp_
     assert code == 0, up.log()
     assert "evalforge up: stopped" in up.log()
     assert up.state()["status"] == "stopped"
-    assert not any(_group_alive(pid) for pid in pids if pid), "no process of the stack is left"
+    assert not any(_group_members(pid) for pid in pids if pid), "no process of the stack is left"
 
 
 @pytest.mark.postgres

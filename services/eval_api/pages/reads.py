@@ -4,8 +4,7 @@ The pages reuse the store's ``leaderboard``, ``get_evaluation``, ``evaluation_re
 ``list_episodes``, ``get_policy`` and ``list_evaluations`` (and so the store's Wilson
 intervals and aggregates). What is here is what no JSON route asks for: how many
 policies each suite ranks (the suite tabs of the leaderboard page), and one column of
-an evaluation's episodes (the latency histogram) without loading whole rows, and
-whether episodes record replays at all.
+an evaluation's episodes (the latency histogram) without loading whole rows.
 """
 
 from __future__ import annotations
@@ -30,11 +29,3 @@ def episode_latencies_ms(session: Session, evaluation_id: int) -> list[float]:
     """The mean policy latency of every episode of an evaluation that recorded one."""
     return list(session.scalars(select(Episode.latency_mean_ms).where(
         Episode.evaluation_id == evaluation_id, Episode.latency_mean_ms.is_not(None))))
-
-
-def has_replays() -> bool:
-    """Whether the store's episodes record a replay GIF (``episodes.artifact_path``, migration 0002).
-
-    Checked on the model rather than assumed, so the pages work on a store from before replays.
-    """
-    return "artifact_path" in Episode.__table__.columns

@@ -102,7 +102,7 @@ def replay_gif(episode_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], session: 
     if (refusal := _refused(session, settings, credentials)) is not None:
         return refusal
     episode = session.get(Episode, episode_id)
-    relative = getattr(episode, "artifact_path", None) if episode is not None else None
+    relative = episode.artifact_path if episode is not None else None
     root = settings.artifact_root.resolve()
     path = (root / relative).resolve() if relative else None
     if path is None or not path.is_relative_to(root) or not path.is_file():
@@ -133,7 +133,6 @@ def evaluation_page(evaluation_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], s
     episodes = queries.list_episodes(session, evaluation_id, after_index=after, limit=EPISODES_PER_PAGE + 1)
     more = len(episodes) > EPISODES_PER_PAGE
     episodes = episodes[:EPISODES_PER_PAGE]
-    replays = reads.has_replays()
     task_chart = plots.interval_chart(rows, title="success rate per task with 95% intervals")
     latency_chart = plots.histogram(latencies, unit="ms", count_label="episodes",
                                     markers={"p50": latency.get("p50"), "p95": latency.get("p95")},
@@ -143,8 +142,8 @@ def evaluation_page(evaluation_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], s
         done=counts["succeeded"] + counts["failed"] + counts["cancelled"], live=evaluation.finished_at is None,
         poll_ms=POLL_MS, refresh_ms=REFRESH_MS, task_chart=task_chart, latency_chart=latency_chart,
         latency_count=len(latencies), episodes=episodes, after=after, page_size=EPISODES_PER_PAGE,
-        episode_rows=tables.episode_rows(episodes, UI_ROOT, replays=replays),
-        next_after=episodes[-1].episode_index if more else None, replays=replays)
+        episode_rows=tables.episode_rows(episodes, UI_ROOT),
+        next_after=episodes[-1].episode_index if more else None)
 
 
 def _over_time(evaluations: list[Evaluation]) -> list[plots.Series]:

@@ -60,18 +60,15 @@ def leaderboard_rows(entries: Sequence[LeaderboardEntry], ui_root: str) -> Marku
     return Markup("".join(rows))
 
 
-def episode_rows(episodes: Sequence[Episode], ui_root: str, *, replays: bool) -> Markup:
+def episode_rows(episodes: Sequence[Episode], ui_root: str) -> Markup:
     """``<tr>`` per episode: index, task, seed, status, success, steps, return, latency, failure, attempts
-    (and its replay GIF when the store records replays)."""
+    and its replay GIF where one was recorded."""
     rows = []
     for e in episodes:
         success = "—" if e.success is None else "yes" if e.success else "no"
-        replay = ""
-        if replays:
-            src = f"{ui_root}episodes/{e.id}/replay.gif"
-            replay = (f'<td class="replay"><a href="{src}"><img class="replay" src="{src}" alt="replay of episode '
-                      f'{e.episode_index}" loading="lazy"></a></td>' if getattr(e, "artifact_path", None)
-                      else "<td></td>")
+        src = f"{ui_root}episodes/{e.id}/replay.gif"
+        replay = (f'<td class="replay"><a href="{src}"><img class="replay" src="{src}" alt="replay of episode '
+                  f'{e.episode_index}" loading="lazy"></a></td>' if e.artifact_path else "<td></td>")
         error = f' title="{escape(e.error_message)}"' if e.error_message else ""
         rows.append(
             f'<tr><td class="num">{e.episode_index}</td><td>{escape(e.task)}</td><td class="num">{e.seed}</td>'
