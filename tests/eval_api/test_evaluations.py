@@ -26,6 +26,16 @@ def play(api, evaluation_id: int, outcome) -> None:
 
 def test_submit_stores_every_episode_and_enqueues_after_commit(api):
     policy = api.register_policy()
+    visible_when_sent = []
+    record = api.queue.enqueue
+
+    def enqueue_seeing_what_is_committed(episode_ids):
+        # A session of its own sees only committed rows: every episode must already be there.
+        with api.sessions() as other:
+            visible_when_sent.append(set(other.scalars(select(Episode.id).where(Episode.id.in_(episode_ids)))))
+        return record(episode_ids)
+
+    api.queue.enqueue = enqueue_seeing_what_is_committed
     response = api.client.post("/evaluations", headers=api.auth, json={
         "policy_id": policy["id"], "suite": "metaworld-mt10", "episodes_per_task": 3, "seed": 7,
         "tags": ["nightly", "baseline"]})
@@ -46,6 +56,7 @@ def test_submit_stores_every_episode_and_enqueues_after_commit(api):
     assert [(e.task, e.seed, e.max_steps) for e in episodes] == \
         [(task, evaluation_seed(7 + i), 500) for task in MT10_TASKS for i in range(3)]
     assert api.queue.sent == [e.id for e in episodes]
+    assert visible_when_sent == [{e.id for e in episodes}]
 
     detail = api.client.get(f"/evaluations/{body['id']}").json()
     assert detail["counts"]["pending"] == 30 and detail["id"] == body["id"]

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -13,6 +18,7 @@ from services.store.models import Base
 from tests.store.databases import create_postgres_database, drop_postgres_database
 
 TABLES = {"api_keys", "policies", "evaluations", "evaluation_tags", "episodes"}
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -85,3 +91,23 @@ def test_a_model_change_without_a_migration_is_detected(empty_database):
     finally:
         engine.dispose()
     assert [op[0] for op in diff] == ["add_table"]
+
+
+def test_the_alembic_command_reads_database_url(empty_database):
+    """What an operator types: ``alembic upgrade head`` at the repository root, with only
+    ``DATABASE_URL`` set (env.py's StoreSettings path, not the attributes migrate.py passes)."""
+    def alembic(*args: str) -> subprocess.CompletedProcess:
+        result = subprocess.run([sys.executable, "-m", "alembic", *args], cwd=REPO, capture_output=True,
+                                text=True, timeout=120, env={**os.environ, "DATABASE_URL": empty_database})
+        assert result.returncode == 0, result.stderr
+        return result
+
+    alembic("upgrade", "head")
+    assert _tables(empty_database) == TABLES
+    alembic("check")  # autogenerate finds nothing to do
+    alembic("downgrade", "-1")
+    engine = make_engine(url=empty_database)
+    try:
+        assert migrate.current_revision(engine) != migrate.head_revision()
+    finally:
+        engine.dispose()
