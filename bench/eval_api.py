@@ -43,7 +43,7 @@ from sqlalchemy.engine import make_url
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from services.policy_server.process import free_port  # noqa: E402
+from services.protocol.launcher import free_port  # noqa: E402
 from services.store import migrate  # noqa: E402
 from services.store.api_keys import create_api_key  # noqa: E402
 from services.store.db import make_engine, make_session_factory  # noqa: E402

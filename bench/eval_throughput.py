@@ -12,8 +12,9 @@ One run, one policy server, the same episodes on every path:
    end), Redis DB ``BENCH_REDIS_URL`` (default 13) with a queue name of this run's own,
    and the API as a uvicorn subprocess (``evalforge api``) — the helpers of
    ``bench/eval_api.py``;
-4. **sequential**: ``trainer.rollout.rollout`` in this process — episode ``i`` plays
-   ``evaluation_seed(i)``, the task's own step limit (or ``--max-steps``);
+4. **sequential**: ``services.workers.rollout.rollout`` (the loop of ``trainer rollout``)
+   in this process — episode ``i`` plays ``evaluation_seed(i)``, the task's own step limit
+   (or ``--max-steps``);
 5. **workers**: for each ``--workers`` count W, W ``evalforge worker --concurrency 1``
    subprocesses on the queue; ``POST /policies`` (once), then ``POST /evaluations`` with
    ``seed`` = the block's first index — episode ``i`` again plays ``evaluation_seed(i)``
@@ -67,7 +68,7 @@ from eval_api import REDIS_URL, create_database, drop_database, serve  # noqa: E
 
 from benchmarks.registry import get_suite  # noqa: E402
 from benchmarks.suite import evaluation_seed  # noqa: E402
-from services.policy_server.process import PolicyServerProcess  # noqa: E402
+from services.protocol.launcher import PolicyServerProcess  # noqa: E402
 from services.store import migrate  # noqa: E402
 from services.store.api_keys import create_api_key  # noqa: E402
 from services.store.db import make_engine, make_session_factory  # noqa: E402
@@ -125,7 +126,7 @@ def ensure_policy(checkpoint: Path) -> Path:
 
 def sequential_block(url: str, first: int, episodes: int, max_steps: int | None, into: PathResult) -> None:
     """``trainer rollout``'s loop on evaluation seeds ``first …``, in this process."""
-    from trainer.rollout import rollout
+    from services.workers.rollout import rollout
 
     start = time.perf_counter()
     results = rollout(url, SUITE, [TASK], episodes, max_steps=max_steps, first_episode=first)
@@ -289,7 +290,7 @@ def main() -> None:
             _, key = create_api_key(session, "bench")
         api, base = serve(database_url, queue)
 
-        from trainer.rollout import rollout
+        from services.workers.rollout import rollout
 
         rollout(server.ws_url, SUITE, [TASK], 2, max_steps=args.max_steps, first_episode=WARMUP_FIRST)
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:

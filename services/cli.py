@@ -7,6 +7,7 @@
     evalforge db upgrade [REVISION] | downgrade REVISION | current
     evalforge worker [--concurrency N] [--loglevel info]         run episodes from the `episodes` queue
     evalforge sweeper [--once]                                    re-enqueue stranded episodes (a loop)
+    evalforge rollout --suite SUITE --episodes-per-task N ...     evaluate a policy sequentially (no store)
     evalforge policy register|list                                register / list policies (via the API)
     evalforge eval submit|status|list|cancel                      run and follow evaluations (via the API)
     evalforge leaderboard --suite SUITE                           policies ranked on a suite (via the API)
@@ -154,6 +155,13 @@ def _cmd_sweeper(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from services.workers import rollout
+
+    rollout.run(args)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="evalforge", description="EvalForge evaluation services.")
     verbs = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -194,6 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
     sweeper = verbs.add_parser("sweeper", help="re-enqueue pending/lost episodes, close dead ones (a loop)")
     sweeper.add_argument("--once", action="store_true", help="sweep once and exit")
     sweeper.set_defaults(handler=_cmd_sweeper)
+
+    # Its flags; importing it loads numpy and the policy client, not the store or Celery.
+    from services.workers import rollout as rollout_module
+
+    rollout = verbs.add_parser("rollout", help="evaluate a policy checkpoint on a suite, sequentially, in this "
+                               "process (the same command as `trainer rollout`)", description=rollout_module.__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    rollout_module.add_arguments(rollout)
+    rollout.set_defaults(handler=_cmd_rollout)
     add_client_verbs(verbs)
 
     from services.stack import add_up_verb

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.policy_server.process import free_port
+from services.protocol.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

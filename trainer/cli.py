@@ -3,12 +3,19 @@
 A verb module has ``add_arguments(parser)`` and ``run(args)``. One that sets
 ``CONFIG_OVERRIDES = True`` also takes ``--section.key value`` config overrides after
 its own options; they reach it as ``args.overrides`` (a list of strings).
+
+A verb in ``HANDED_OVER`` is another package's command that `trainer` runs for
+convenience: the process becomes ``python -m MODULE ARGS`` (os.execv), so the
+training core imports nothing of ``services`` (DESIGN.md: `trainer` never imports
+`services`). ``trainer rollout`` is ``evalforge rollout``.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
+import os
 import sys
 
 VERBS = {
@@ -20,12 +27,43 @@ VERBS = {
     "pretrain": ("trainer.pretrain", "pretrain a GPT (dense or MoE) on megatron-core"),
     "vla": ("trainer.vla", "train a robot policy on LeRobot demonstrations and export it for policy-server"),
     "sft": ("trainer.sft", "fine-tune a GPT on chat data (alpaca, sharegpt, OpenAI messages)"),
-    "rollout": ("trainer.rollout", "evaluate a policy checkpoint on a suite, sequentially, against a policy server"),
 }
+
+# verb → (module run as `python -m`, help, the command it is, the extras it needs)
+HANDED_OVER = {
+    "rollout": ("services.workers.rollout",
+                "evaluate a policy checkpoint on a suite, sequentially, against a policy server",
+                "evalforge rollout", "services,sim"),
+}
+
+
+def hand_over(verb: str, argv: list[str]) -> int:
+    """Replace this process by ``python -m MODULE argv``; returns (2) only if the module is not installed.
+
+    So it never returns to a caller that runs ``main(["rollout", ...])`` in-process: tests run the command.
+    """
+    module, _, command, extras = HANDED_OVER[verb]
+    try:
+        # Imports the parent packages (services/__init__.py, services/workers/__init__.py: docstrings only).
+        installed = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        installed = False
+    if not installed:
+        print(f"trainer {verb}: needs the {' and '.join(extras.split(','))} extras ({module} is not "
+              f"installed here): pip install 'evalforge[{extras}]'. `{command}` is the same command.",
+              file=sys.stderr)
+        return 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The module's usage and errors then say `trainer rollout`, the command the user typed.
+    os.environ["EVALFORGE_PROG"] = f"trainer {verb}"
+    os.execv(sys.executable, [sys.executable, "-m", module, *argv])
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in HANDED_OVER:
+        return hand_over(argv[0], argv[1:])
     parser = argparse.ArgumentParser(prog="trainer", description="EvalForge training core.")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     # Only the chosen verb's module is imported: most verbs need no torch or megatron,
@@ -40,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
                                formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
         sub.set_defaults(run=module.run, takes_overrides=getattr(module, "CONFIG_OVERRIDES", False))
+    for verb, (_, help_text, command, _) in HANDED_OVER.items():
+        verbs.add_parser(verb, help=f"{help_text} (the same as `{command}`)", add_help=False)
     args, extra = parser.parse_known_args(argv)
+    if args.verb in HANDED_OVER:  # after an unknown option (`trainer --x rollout`): the module refuses it
+        return hand_over(args.verb, extra)
     if extra and not args.takes_overrides:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = extra

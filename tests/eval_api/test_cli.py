@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.policy_server.process import free_port
+from services.protocol.launcher import free_port
 from services.store import migrate
 from services.store.api_keys import authenticate
 from services.store.db import make_engine, make_session_factory

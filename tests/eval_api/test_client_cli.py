@@ -23,7 +23,7 @@ from rich.console import Console
 
 from services.cli import main
 from services.client import ApiError, ApiUnreachable, EvalForgeClient, WatchTimeout
-from services.policy_server.process import free_port
+from services.protocol.launcher import free_port
 from services.store import queries
 from tests.eval_api.conftest import POLICY_ENDPOINT, Api, make_api, metadata
 from tests.store.helpers import run_all

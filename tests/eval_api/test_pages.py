@@ -24,7 +24,7 @@ from sqlalchemy import select, update
 
 from services.eval_api.pages import plots
 from services.eval_api.pages import routes as pages_routes
-from services.policy_server.process import free_port
+from services.protocol.launcher import free_port
 from services.store import queries
 from services.store.aggregates import wilson_interval
 from services.store.db import make_engine

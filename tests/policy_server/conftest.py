@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.policy_server.process import PolicyServerProcess
+from services.protocol.launcher import PolicyServerProcess
 from trainer.cli import main as trainer_main
 
 STATE_DIM, ACTION_DIM, CHUNK = 39, 4, 4

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.policy_server.process import PolicyServerProcess, free_port
+from services.protocol.launcher import PolicyServerProcess, free_port
 from services.store import queries
 from services.store.db import make_session_factory
 from services.store.models import Episode, Evaluation

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from services.policy_server.process import free_port
+from services.protocol.launcher import free_port
 from services.store import queries
 from services.store.models import EvaluationStatus
 from services.workers import runner

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from services.client import EvalForgeClient
-from services.policy_server.process import free_port
+from services.protocol.launcher import free_port
 from services.stack import ProcessSpec, Supervisor
 from tests.workers.conftest import MAX_STEPS, REPO, SUITE, wait_for
 

@@ -1,6 +1,8 @@
-"""`trainer rollout`: evaluate a policy checkpoint on a suite, sequentially, in one process.
+"""The rollout command: evaluate a policy checkpoint on a suite, sequentially, in one process.
 
-    trainer rollout --checkpoint DIR --suite SUITE --episodes-per-task N [--policy-server URL]
+    evalforge rollout --checkpoint DIR --suite SUITE --episodes-per-task N [--policy-server URL]
+    trainer rollout ...                      (the same command: `trainer` hands over to this module)
+    python -m services.workers.rollout ...
 
 Episodes run one after another in this process against a policy server: the one
 at ``--policy-server``, or one this command starts on the checkpoint (vLLM engine
@@ -10,17 +12,16 @@ loop as the distributed workers (``benchmarks.runner.run_episode``) with an
 action-chunk broker. Prints the per-task success table; ``--json`` also writes it.
 This is the sequential reference the distributed evaluation is measured against.
 
-Two small pieces come from ``services``, and neither carries the service stack:
-the policy client (``services.protocol``, the wire protocol's leaf package:
-msgpack, numpy and websockets only) and the launcher that runs ``policy-server``
-as a subprocess (``services.policy_server.process``). No server code runs in
-this process.
+It needs no database or broker: only the policy client and the launcher that runs
+``policy-server`` as a subprocess (both in ``services.protocol``), and the suites.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -30,11 +31,19 @@ import numpy as np
 from benchmarks.registry import get_suite
 from benchmarks.runner import EpisodeOutcome, run_episode
 from benchmarks.suite import SuiteError, evaluation_seed
-from services.policy_server.process import PolicyServerProcess
 from services.protocol.client import ActionChunkBroker, PolicyClient
+from services.protocol.launcher import PolicyServerProcess
+
+# The name the user typed, when another command hands over to this module (`trainer rollout`).
+PROG_ENV = "EVALFORGE_PROG"
+
+
+class PolicyMismatch(ValueError):
+    """The policy's dimensions or task tokens do not fit the suite it is to be evaluated on."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.set_defaults(prog=parser.prog)  # errors name the command as the user typed it
     parser.add_argument("--checkpoint", type=Path, help="policy checkpoint to serve (when no --policy-server)")
     parser.add_argument("--suite", required=True, help="benchmark suite, e.g. metaworld-mt1-reach")
     parser.add_argument("--episodes-per-task", type=int, required=True, metavar="N")
@@ -58,13 +67,15 @@ def _check_policy_fits_suite(client: PolicyClient, suite_name: str, tasks: list[
     if missing:
         problems.append(f"no task token for {', '.join(missing)}")
     if problems:
-        raise SystemExit(f"trainer rollout: policy {meta.policy_name!r} does not fit suite {suite_name}: "
-                         f"{'; '.join(problems)}")
+        raise PolicyMismatch(f"policy {meta.policy_name!r} does not fit suite {suite_name}: {'; '.join(problems)}")
 
 
 def rollout(url: str, suite_name: str, tasks: list[str], episodes_per_task: int, *,
             max_steps: int | None = None, first_episode: int = 0) -> list[dict]:
-    """Play every (task, evaluation seed) episode in order; one result dict per episode."""
+    """Play every (task, evaluation seed) episode in order; one result dict per episode.
+
+    Raises ``PolicyMismatch`` before the first episode if the policy at ``url`` does not fit the suite.
+    """
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -128,11 +139,11 @@ def run(args: argparse.Namespace) -> list[dict]:
         suite = get_suite(args.suite)
         tasks = [suite.task(t.strip()).name for t in args.tasks.split(",")] if args.tasks else suite.task_names
     except SuiteError as exc:
-        raise SystemExit(f"trainer rollout: {exc}") from None
+        raise SystemExit(f"{args.prog}: {exc}") from None
     if args.episodes_per_task < 1:
-        raise SystemExit("trainer rollout: --episodes-per-task must be at least 1")
+        raise SystemExit(f"{args.prog}: --episodes-per-task must be at least 1")
     if args.policy_server is None and args.checkpoint is None:
-        raise SystemExit("trainer rollout: give --checkpoint (a server is started on it) or --policy-server URL")
+        raise SystemExit(f"{args.prog}: give --checkpoint (a server is started on it) or --policy-server URL")
 
     server = None
     if not args.policy_server:
@@ -140,11 +151,13 @@ def run(args: argparse.Namespace) -> list[dict]:
         try:
             server.start()
         except RuntimeError as exc:
-            raise SystemExit(f"trainer rollout: could not start a policy server on {args.checkpoint}: {exc}") from None
+            raise SystemExit(f"{args.prog}: could not start a policy server on {args.checkpoint}: {exc}") from None
     started = time.perf_counter()
     try:
         results = rollout(args.policy_server or server.ws_url, args.suite, tasks, args.episodes_per_task,
                           max_steps=args.max_steps, first_episode=args.first_episode)
+    except PolicyMismatch as exc:
+        raise SystemExit(f"{args.prog}: {exc}") from None
     finally:
         if server is not None:
             server.stop()
@@ -163,3 +176,16 @@ def run(args: argparse.Namespace) -> list[dict]:
         args.json.write_text(json.dumps({"suite": args.suite, "elapsed_s": elapsed, "summary": rows,
                                          "episodes": results}, indent=2))
     return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m services.workers.rollout ...``; ``trainer rollout`` execs this with ``EVALFORGE_PROG`` set."""
+    parser = argparse.ArgumentParser(prog=os.environ.pop(PROG_ENV, "python -m services.workers.rollout"),
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    run(parser.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

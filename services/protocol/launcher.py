@@ -6,6 +6,10 @@
 ``start()`` returns once ``/readyz`` says ready (and records whether ``/healthz``
 answered before the engine was warm); ``stop()`` sends SIGTERM, so the server
 drains, and kills it only if it does not exit in time.
+
+It runs ``python -m services.policy_server`` in a child process and imports no
+server code, so a client (the ``rollout`` command, a benchmark, a test) can start
+a server without the serving stack in its own process. Standard library only.
 """
 
 from __future__ import annotations
@@ -17,15 +21,30 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
-import httpx
+# The server is on loopback: never route its health checks through an http_proxy from the environment.
+_LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (another process may still take it before it is bound)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _http_status(url: str) -> int | None:
+    """The status code of ``GET url``, or None when nothing answers (yet)."""
+    try:
+        with _LOOPBACK.open(url, timeout=1) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:  # a 503 from /readyz is an answer, not a failure
+        return exc.code
+    except OSError:  # refused, reset or timed out: the server is not listening yet
+        return None
 
 
 class PolicyServerProcess:
@@ -59,15 +78,12 @@ class PolicyServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"policy-server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.http_url}/healthz", timeout=1).status_code == 200:
-                    ready = httpx.get(f"{self.http_url}/readyz", timeout=1).status_code == 200
-                    if self.ready_when_first_healthy is None:
-                        self.ready_when_first_healthy = ready
-                    if ready:
-                        return self
-            except httpx.HTTPError:
-                pass
+            if _http_status(f"{self.http_url}/healthz") == 200:
+                ready = _http_status(f"{self.http_url}/readyz") == 200
+                if self.ready_when_first_healthy is None:
+                    self.ready_when_first_healthy = ready
+                if ready:
+                    return self
             time.sleep(0.2)
         self.stop(signal.SIGKILL)
         raise RuntimeError(f"policy-server did not become ready in {timeout:g} s:\n{self.log()}")
