@@ -1,6 +1,6 @@
 """The Celery broker: which one a URL names, and the kombu transport options it needs.
 
-Shared by the API's producer (``services/eval_api/queue.py``) and the workers' app
+Shared by the API's producer (``services/episode_queue.py``) and the workers' app
 (``services/workers/celery_app.py``) so that both sides read a broker URL the same
 way. A leaf module: it imports nothing of ours.
 

@@ -24,6 +24,11 @@ FORBIDDEN = {
     "trainer": ({"services"}, set()),
     "benchmarks": ({"trainer", "services"}, set()),
     "services/protocol": (OURS, {"services.protocol"}),
+    # The API and the workers meet only in the store and the queue contract
+    # (services/episode_queue.py, services/broker.py), never in each other's code.
+    "services/workers": ({"services.eval_api", "services.policy_server"}, set()),
+    "services/eval_api": ({"services.workers", "services.policy_server"}, set()),
+    "services/store": ({"services.eval_api", "services.workers", "services.policy_server"}, set()),
 }
 
 # The protocol's third-party dependencies (pyproject.toml [project] dependencies); the rest is stdlib.

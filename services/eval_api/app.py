@@ -17,12 +17,12 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
+from services.episode_queue import CeleryEpisodeQueue, EpisodeQueue
 from services.eval_api.errors import install_error_handlers
 from services.eval_api.handshake import read_handshake
 from services.eval_api.metrics import ApiMetrics, RequestMetrics
 from services.eval_api.middleware import BodySizeLimit
 from services.eval_api.pages import router as pages_router
-from services.eval_api.queue import CeleryEpisodeQueue, EpisodeQueue
 from services.eval_api.routes import evaluations, health, leaderboard, policies, suites
 from services.eval_api.settings import ApiSettings
 from services.eval_api.settings import settings as default_settings

@@ -17,7 +17,7 @@ finish-once rules make safe:
 The task itself is in ``services/workers/tasks.py`` (loaded through ``include``).
 
 The API does not import this module; it publishes ``RUN_EPISODE_TASK`` by name to
-``EPISODE_QUEUE`` with a producer app of its own (``services/eval_api/queue.py``),
+``EPISODE_QUEUE`` with a producer app of its own (``services/episode_queue.py``),
 and a test checks that both sides agree.
 """
 

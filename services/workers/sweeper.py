@@ -26,7 +26,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.eval_api.queue import CeleryEpisodeQueue, EpisodeQueue
+from services.episode_queue import CeleryEpisodeQueue, EpisodeQueue
 from services.store import queries
 from services.store.models import utcnow
 from services.workers.settings import WorkerSettings

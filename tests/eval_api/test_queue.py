@@ -10,8 +10,8 @@ import secrets
 import pytest
 import redis
 
+from services.episode_queue import RUN_EPISODE_TASK, CeleryEpisodeQueue
 from services.eval_api.app import create_app
-from services.eval_api.queue import RUN_EPISODE_TASK, CeleryEpisodeQueue
 from services.eval_api.settings import ApiSettings
 from services.workers.celery_app import RUN_EPISODE_TASK as WORKER_TASK
 from services.workers.celery_app import make_celery_app

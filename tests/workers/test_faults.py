@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from services.eval_api.queue import CeleryEpisodeQueue
+from services.episode_queue import CeleryEpisodeQueue
 from services.store.models import EvaluationStatus
 from services.workers.sweeper import Sweeper
 from tests.workers.conftest import (

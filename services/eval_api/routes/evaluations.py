@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Response
 from sqlalchemy.orm import Session
 
+from services.episode_queue import EpisodeQueue
 from services.eval_api.deps import (
     EpisodeQueueDep,
     MetricsDep,
@@ -21,7 +22,6 @@ from services.eval_api.errors import ApiError
 from services.eval_api.metrics import ApiMetrics
 from services.eval_api.pagination import decode_page_cursor, encode_cursor, page_limit
 from services.eval_api.planning import plan_evaluation
-from services.eval_api.queue import EpisodeQueue
 from services.eval_api.schemas import (
     MAX_ID,
     EpisodeOut,

@@ -1,5 +1,9 @@
 """Enqueueing episodes for the workers: one Celery task per episode id, sent by name.
 
+Shared by the API (which enqueues new evaluations) and the workers' sweeper (which
+re-enqueues episodes that waited too long), so it lives beside ``services/broker.py``
+rather than in either.
+
 The API builds its own minimal *producer* Celery app from its settings instead of
 importing the workers' app (``services/workers/celery_app.py``): the API process
 then loads nothing of the workers (simulators, policy clients), and the contract
