@@ -8,12 +8,18 @@ chunk 4) and 1, 8, 32 and 64 concurrent clients, in one run:
 - server: ``policy-server`` (vLLM engine) over WebSocket, one connection per client;
 - one-at-a-time: ``policy-server --engine hf`` over WebSocket, the openpi design.
 
-Each cell runs closed-loop clients for ``--seconds`` and reports requests/s,
-actions/s (requests × chunk) and p50/p99 latency. ``--sweep`` also measures what
-the engine settings change (thread binding, KV-cache space, compilation, max
-batched tokens) on the raw engine at 32 in flight.
+All three run at once, one policy size at a time, and each concurrency level is
+measured in ``--rounds`` pairs of windows taken in turns (raw then server, server
+then raw, ...), so a machine whose speed drifts (a shared VM: the raw engine alone
+varied by 40% between runs an hour apart) moves both sides alike; the idle side's
+vLLM processes stop polling within a second, and each window starts after a pause
+longer than that. Each window runs closed-loop clients for ``--seconds``;
+requests/s, actions/s (requests × chunk) and p50/p99 latency pool the windows.
+``--sweep`` also measures what the engine settings change (thread binding,
+placement of vLLM's engine core, KV-cache space, compilation, max batched tokens)
+on the raw engine at 32 in flight.
 
-    .venv/bin/python bench/policy_server.py [--seconds 5] [--sizes 1m,25m] [--sweep]
+    .venv/bin/python bench/policy_server.py [--seconds 4] [--rounds 3] [--sizes 1m,25m] [--sweep]
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import os
 import platform
 import subprocess
@@ -36,13 +43,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.policy_server.engines import EngineSettings, VllmEngine  # noqa: E402
 from services.policy_server.policy_format import load_policy_spec  # noqa: E402
-from services.policy_server.process import PolicyServerProcess  # noqa: E402
 from services.protocol.client import AsyncPolicyClient, ClientSettings  # noqa: E402
+from services.protocol.launcher import PolicyServerProcess  # noqa: E402
 from trainer.cli import main as trainer_main  # noqa: E402
 
 CONCURRENCY = (1, 8, 32, 64)
+SETTLE_S = 1.5  # vLLM's idle processes poll their queues for 1 s after the last message
 STATE_DIM, ACTION_DIM, CHUNK = 39, 4, 4
 TASKS = "reach-v3,push-v3,pick-place-v3"
+
+
+@dataclass
+class Window:
+    """One closed-loop window: requests finished inside it and latencies of those that ran wholly in it."""
+
+    completed: int
+    latencies: list[float]
+    seconds: float
 
 
 @dataclass
@@ -56,13 +73,16 @@ class Cell:
     def actions_per_s(self) -> float:
         return self.requests_per_s * CHUNK
 
-
-def _summary(completed: int, latencies: list[float], elapsed: float) -> Cell:
-    """Throughput from every request that finished inside the window; latency from those that ran wholly in it."""
-    if not latencies:
-        return Cell(completed / elapsed, float("inf"), float("inf"))
-    lat = np.asarray(latencies) * 1e3
-    return Cell(completed / elapsed, float(np.percentile(lat, 50)), float(np.percentile(lat, 99)))
+    @classmethod
+    def pool(cls, windows: list[Window], engine_ms: list[float] | None = None) -> Cell:
+        completed = sum(w.completed for w in windows)
+        seconds = sum(w.seconds for w in windows)
+        latencies = [x for w in windows for x in w.latencies]
+        engine_p50 = float(np.median(engine_ms)) if engine_ms else None
+        if not latencies:
+            return cls(completed / seconds, float("inf"), float("inf"), engine_p50)
+        lat = np.asarray(latencies) * 1e3
+        return cls(completed / seconds, float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), engine_p50)
 
 
 def _states(n: int) -> list[np.ndarray]:
@@ -70,13 +90,12 @@ def _states(n: int) -> list[np.ndarray]:
     return [rng.uniform(-1, 1, STATE_DIM).astype(np.float32) for _ in range(n)]
 
 
-async def _closed_loop(worker, concurrency: int, seconds: float) -> Cell:
+async def _closed_loop(worker, concurrency: int, seconds: float) -> Window:
     """Run ``concurrency`` loops of ``worker(i)`` for ``seconds`` after a short warm-up.
 
-    Requests per second count every request that finished inside the window, so a
-    server slower than the window per queued request (one-at-a-time at high
-    concurrency) still gets its true rate; latencies come from the requests that
-    started and finished inside it.
+    Every request that finished inside the window counts, so a server slower than
+    the window per queued request (one-at-a-time at high concurrency) still gets its
+    true rate; latencies come from the requests that started and finished inside it.
     """
     latencies: list[float] = []
     completed = 0
@@ -98,32 +117,67 @@ async def _closed_loop(worker, concurrency: int, seconds: float) -> Cell:
 
     stop_at = warm_until + seconds
     await asyncio.gather(*(loop(i) for i in range(concurrency)))
-    return _summary(completed, latencies, seconds)
+    return Window(completed, latencies, seconds)
+
+
+class RawEngine:
+    """vLLM ``AsyncLLM`` driven in this process with the server's prompts and sampling parameters."""
+
+    def __init__(self, checkpoint: Path, settings: EngineSettings) -> None:
+        self.spec = load_policy_spec(checkpoint)
+        self.engine = VllmEngine(self.spec, settings)
+        tasks = list(self.spec.tasks)
+        self.prompts = [self.spec.prompt_tokens(s, tasks[i % len(tasks)]) for i, s in enumerate(_states(256))]
+        self.ids = itertools.count()
+
+    async def start(self) -> RawEngine:
+        await self.engine.start()
+        await self.request(0)
+        return self
+
+    async def request(self, i: int) -> None:
+        params = self.engine.sampling_params(0.0, None)
+        async for _ in self.engine.llm.generate({"prompt_token_ids": self.prompts[i % len(self.prompts)]}, params,
+                                                request_id=f"raw-{next(self.ids)}"):
+            pass
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+class ServerClients:
+    """``concurrency`` WebSocket clients of one policy server, each with its own observation."""
+
+    def __init__(self, server: PolicyServerProcess, concurrency: int) -> None:
+        self.clients = [AsyncPolicyClient(server.ws_url, ClientSettings(call_timeout_s=300))
+                        for _ in range(concurrency)]
+        self.states = _states(256)
+        self.tasks = TASKS.split(",")
+        self.engine_ms: list[float] = []
+
+    async def __aenter__(self) -> ServerClients:
+        await asyncio.gather(*(c.connect() for c in self.clients))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.gather(*(c.close() for c in self.clients))
+
+    async def request(self, i: int) -> None:
+        reply = await self.clients[i].infer({"state": self.states[i % len(self.states)],
+                                             "task": self.tasks[i % len(self.tasks)]})
+        self.engine_ms.append(reply.timing["engine_ms"])
 
 
 async def bench_raw(checkpoint: Path, seconds: float, settings: EngineSettings,
                     concurrency: tuple[int, ...] = CONCURRENCY) -> dict[int, Cell]:
-    spec = load_policy_spec(checkpoint)
-    engine = VllmEngine(spec, settings)
-    await engine.start()
-    llm = engine.llm
-    tasks = list(spec.tasks)
-    prompts = [spec.prompt_tokens(s, tasks[i % len(tasks)]) for i, s in enumerate(_states(256))]
-    counter = iter(range(10**9))
-
-    async def worker(i: int) -> None:
-        params = engine.sampling_params(0.0, None)
-        async for _ in llm.generate({"prompt_token_ids": prompts[i % len(prompts)]}, params,
-                                    request_id=f"raw-{next(counter)}"):
-            pass
-
+    """The raw engine alone (used by ``--sweep``)."""
+    raw = await RawEngine(checkpoint, settings).start()
     try:
-        await worker(0)
         gc.collect()
         gc.freeze()  # as the server does after warm-up
-        return {c: await _closed_loop(worker, c, seconds) for c in concurrency}
+        return {c: Cell.pool([await _closed_loop(raw.request, c, seconds)]) for c in concurrency}
     finally:
-        await engine.close()
+        await raw.close()
 
 
 def _server_args(settings: EngineSettings) -> list[str]:
@@ -138,32 +192,42 @@ def _server_args(settings: EngineSettings) -> list[str]:
     return args
 
 
-async def bench_server(checkpoint: Path, seconds: float, *args: str,
-                       concurrency_levels: tuple[int, ...] = CONCURRENCY) -> dict[int, Cell]:
-    server = PolicyServerProcess(checkpoint, "--log-level", "warning", *args).start()
-    port = server.port
-    tasks = TASKS.split(",")
-    states = _states(256)
-    try:
-        results = {}
-        for concurrency in concurrency_levels:
-            clients = [AsyncPolicyClient(f"ws://127.0.0.1:{port}/ws", ClientSettings(call_timeout_s=300))
-                       for _ in range(concurrency)]
-            await asyncio.gather(*(c.connect() for c in clients))
-
-            engine_ms: list[float] = []
-
-            async def worker(i: int, clients: list = clients, engine_ms: list = engine_ms) -> None:
-                reply = await clients[i].infer({"state": states[i % len(states)], "task": tasks[i % len(tasks)]})
-                engine_ms.append(reply.timing["engine_ms"])
-
-            results[concurrency] = await _closed_loop(worker, concurrency, seconds)
-            results[concurrency].engine_p50_ms = float(np.median(engine_ms)) if engine_ms else float("nan")
-            print(f"  {' '.join(args) or 'server'} x{concurrency}: {results[concurrency]}", file=sys.stderr, flush=True)
-            await asyncio.gather(*(c.close() for c in clients))
-        return results
-    finally:
-        server.stop()
+async def compare(checkpoint: Path, settings: EngineSettings, levels: tuple[int, ...], seconds: float,
+                  rounds: int) -> dict[str, dict[int, Cell]]:
+    """Raw engine and server on one checkpoint, their windows in turns; then the one-at-a-time server alone."""
+    out: dict[str, dict[int, Cell]] = {"raw": {}, "server": {}, "hf": {}}
+    # The server starts first, from this process while it still has every core (the
+    # raw engine moves this process onto the serving cores, and children inherit that).
+    with PolicyServerProcess(checkpoint, "--log-level", "warning", *_server_args(settings)) as server:
+        raw = await RawEngine(checkpoint, settings).start()
+        gc.collect()
+        gc.freeze()  # as the server does after warm-up; keeps collections off the imported heap
+        # From here this process (raw engine's front end and every benchmark client) is
+        # on the serving cores, as the server's own process is; vLLM's compute cores
+        # belong to the two engines, which never run at the same time.
+        try:
+            for c in levels:
+                windows: dict[str, list[Window]] = {"raw": [], "server": []}
+                async with ServerClients(server, c) as clients:
+                    await clients.request(0)
+                    clients.engine_ms.clear()
+                    sides = [("raw", raw.request), ("server", clients.request)]
+                    for r in range(rounds):
+                        for name, request in sides if r % 2 == 0 else sides[::-1]:
+                            await asyncio.sleep(SETTLE_S)
+                            windows[name].append(await _closed_loop(request, c, seconds))
+                out["raw"][c] = Cell.pool(windows["raw"])
+                out["server"][c] = Cell.pool(windows["server"], clients.engine_ms)
+                print(f"  x{c}: raw {out['raw'][c]}\n       server {out['server'][c]}", file=sys.stderr, flush=True)
+        finally:
+            await raw.close()  # gives this process its cores back
+    # transformers one request at a time has no engine to share the machine with: alone.
+    with PolicyServerProcess(checkpoint, "--log-level", "warning", "--engine", "hf") as hf:
+        for c in levels:
+            async with ServerClients(hf, c) as clients:
+                await clients.request(0)
+                out["hf"][c] = Cell.pool([await _closed_loop(clients.request, c, seconds)])
+    return out
 
 
 def make_checkpoints(root: Path, sizes: list[str]) -> dict[str, Path]:
@@ -180,6 +244,7 @@ def make_checkpoints(root: Path, sizes: list[str]) -> dict[str, Path]:
 SWEEP = {
     "defaults (eager, auto bind, 1 GiB KV)": {},
     "threads: nobind": {"omp_threads_bind": "nobind"},
+    "engine core left where vLLM puts it": {"engine_core_on_compute_cores": False},
     "KV cache 2 GiB": {"kv_cache_gib": 2.0},  # vLLM takes whole GiB (VLLM_CPU_KVCACHE_SPACE is an int)
     "KV cache 4 GiB": {"kv_cache_gib": 4.0},
     "max batched tokens 512": {"max_num_batched_tokens": 512},
@@ -187,8 +252,8 @@ SWEEP = {
 }
 
 
-async def sweep(checkpoint: Path, seconds: float) -> None:
-    print("\n# engine settings, raw engine, 25 M policy unless noted, 32 in flight")
+async def sweep(checkpoint: Path, size: str, seconds: float) -> None:
+    print(f"\n# engine settings, raw engine, {size} policy, 32 in flight, {seconds:g} s, each a fresh process")
     print("| setting | req/s | p50 ms | p99 ms |")
     print("|---|---:|---:|---:|")
     for name, change in SWEEP.items():
@@ -213,7 +278,8 @@ def _ratio(a: float, b: float) -> str:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per cell")
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per window")
+    parser.add_argument("--rounds", type=int, default=3, help="raw/server window pairs per cell, taken in turns")
     parser.add_argument("--sizes", default="1m,25m")
     parser.add_argument("--clients", default=",".join(map(str, CONCURRENCY)),
                         help="comma-separated concurrency levels (default 1,8,32,64)")
@@ -225,31 +291,28 @@ async def main() -> None:
     sizes = args.sizes.split(",")
     levels = tuple(int(c) for c in args.clients.split(","))
     checkpoints = make_checkpoints(args.workdir, sizes)
-    gc.collect()
-    gc.freeze()  # the clients live in this process too; keep collections off the imported heap
 
-    print(f"# policy server — {platform.machine()}, {os.cpu_count()} cores, {args.seconds:g} s per cell, "
-          f"executor {args.executor or 'default'}")
+    print(f"# policy server — {platform.machine()}, {os.cpu_count()} cores, {args.rounds} × {args.seconds:g} s "
+          f"per side per cell, taken in turns; executor {args.executor or 'default'}")
     print("| policy | clients | raw req/s | raw p50/p99 ms | server req/s | server actions/s | server p50/p99 ms "
           "| server engine p50 ms | server / raw | one-at-a-time req/s | one-at-a-time p50/p99 ms | server / one-at-a-time |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     verdicts = []
     for size, checkpoint in checkpoints.items():
         settings = EngineSettings() if args.executor is None else replace(EngineSettings(), executor=args.executor)
-        raw = await bench_raw(checkpoint, args.seconds, settings, levels)
-        server = await bench_server(checkpoint, args.seconds, *_server_args(settings), concurrency_levels=levels)
-        hf = await bench_server(checkpoint, args.seconds, "--engine", "hf", concurrency_levels=levels)
+        cells = await compare(checkpoint, settings, levels, args.seconds, args.rounds)
+        raw, server, hf = cells["raw"], cells["server"], cells["hf"]
         for c in levels:
             r, s, h = raw[c], server[c], hf[c]
             print(f"| {size} | {c} | {r.requests_per_s:.1f} | {r.p50_ms:.1f} / {r.p99_ms:.1f} | "
-                  f"{s.requests_per_s:.1f} | {s.actions_per_s:.0f} | {s.p50_ms:.1f} / {s.p99_ms:.1f} | {s.engine_p50_ms:.1f} | "
-                  f"{s.requests_per_s / r.requests_per_s:.0%} | {h.requests_per_s:.1f} | "
+                  f"{s.requests_per_s:.1f} | {s.actions_per_s:.0f} | {s.p50_ms:.1f} / {s.p99_ms:.1f} | "
+                  f"{s.engine_p50_ms:.1f} | {s.requests_per_s / r.requests_per_s:.0%} | {h.requests_per_s:.1f} | "
                   f"{h.p50_ms:.1f} / {h.p99_ms:.1f} | {_ratio(s.requests_per_s, h.requests_per_s)} |", flush=True)
         worst = min(server[c].requests_per_s / raw[c].requests_per_s for c in levels)
         verdicts.append((f"{size}: server ≥ 90% of raw at every concurrency", f"worst {worst:.0%}", worst >= 0.9))
         if 1 in levels:
             gap = server[1].p50_ms - raw[1].p50_ms
-            verdicts.append((f"{size}: 1-client p50 within 2 ms of raw", f"+{gap:.2f} ms", gap <= 2.0))
+            verdicts.append((f"{size}: 1-client p50 within 2 ms of raw", f"{gap:+.2f} ms", gap <= 2.0))
             verdicts.append((f"{size}: 1-client p50 vs one-at-a-time",
                              f"{server[1].p50_ms:.1f} vs {hf[1].p50_ms:.1f} ms", None))
         if size == "25m" and 32 in levels:
@@ -262,7 +325,8 @@ async def main() -> None:
     for name, value, met in verdicts:
         print(f"| {name} | {value} | {'—' if met is None else 'yes' if met else 'NO'} |")
     if args.sweep:
-        await sweep(checkpoints.get("25m", next(iter(checkpoints.values()))), args.seconds)
+        for size, checkpoint in checkpoints.items():
+            await sweep(checkpoint, size, args.seconds)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--executor", choices=["uni", "mp"], default=None,
                         help="uni: run the model inside the engine-core process (one process fewer); "
                              "mp: a worker process per device (vLLM's default)")
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
+                        help="event loop (default asyncio: vLLM's front end kept less of the raw engine's "
+                             "throughput on uvloop; docs/benchmarks.md)")
     parser.add_argument("--max-frame-bytes", type=int, default=Limits().max_frame_bytes,
                         help="largest request frame accepted (default 64 MiB)")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     app = create_app(service, on_fatal=on_fatal)
     config = uvicorn.Config(app, host=args.host, port=args.port, ws="websockets-sansio",
                             ws_max_size=2 * limits.max_frame_bytes, ws_per_message_deflate=False,
-                            log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on")
+                            log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on", loop=args.loop)
     server = DrainingServer(config, service, args.drain_timeout)
     log.info("serving %s (%s engine) on http://%s:%d, WebSocket at /ws", spec.name, args.engine, args.host, args.port)
     server.run()

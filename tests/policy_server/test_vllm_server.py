@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import httpx
 import numpy as np
@@ -74,3 +75,38 @@ def test_sampling_with_a_seed_is_reproducible_and_differs_from_greedy(vllm_serve
     np.testing.assert_array_equal(samples[0], samples[1])
     assert any(not np.array_equal(s, greedy) for s in samples)
     assert any(not np.array_equal(s, samples[0]) for s in samples[2:])
+
+
+def test_engine_core_shares_the_compute_cores_and_serving_keeps_the_rest(vllm_server):
+    """vLLM binds its worker to compute cores; the server puts the scheduler there too and itself elsewhere."""
+    psutil = pytest.importorskip("psutil")
+    server = psutil.Process(vllm_server.proc.pid)
+    everything = set(range(os.cpu_count() or 1))
+    children = {p.name(): p for p in server.children(recursive=True)}
+    worker = next((p for name, p in children.items() if "Worker" in name), None)
+    engine_core = next((p for name, p in children.items() if "EngineCore" in name), None)
+    assert engine_core is not None, f"no vLLM engine-core process among {sorted(children)}"
+    if worker is None or set(worker.cpu_affinity()) == everything:
+        pytest.skip("vLLM did not bind its worker to a subset of the cores here: nothing to place")
+    compute = set(worker.cpu_affinity())
+    for thread in server.threads():
+        assert not set(os.sched_getaffinity(thread.id)) & compute, "a serving thread may run on a compute core"
+    for thread in engine_core.threads():
+        assert set(os.sched_getaffinity(thread.id)) <= compute, "an engine-core thread may run on a serving core"
+
+
+def test_closing_the_engine_gives_this_process_its_cores_back(checkpoint):
+    from services.policy_server.engines import VllmEngine
+    from services.policy_server.policy_format import load_policy_spec
+
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("needs two cores")
+    engine = VllmEngine(load_policy_spec(checkpoint))
+    engine._cores_before = before  # as start() records it before moving this process
+    os.sched_setaffinity(0, {min(before)})  # as move_off_compute_cores leaves it
+    try:
+        asyncio.run(engine.close())
+        assert os.sched_getaffinity(0) == before
+    finally:
+        os.sched_setaffinity(0, before)
