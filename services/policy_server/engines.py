@@ -184,7 +184,7 @@ class VllmEngine(Engine):
             # process started from it) would otherwise see only the serving cores.
             import psutil
 
-            _pin_threads(psutil.Process(), self._cores_before)
+            pin_threads(psutil.Process(), self._cores_before)
             self._cores_before = None
 
 
@@ -245,12 +245,12 @@ def move_off_compute_cores(engine_core_too: bool = True) -> None:
       handler) goes to the cores the workers are not bound to, so it never
       preempts a model step;
     - with ``engine_core_too``, vLLM's engine-core process (the scheduler) goes to
-      the workers' cores. It and
-      the workers take turns — schedule, run the step, read its output — so sharing
-      cores costs them nothing, while left unbound it lands on the serving cores and
-      every scheduling step there competes with request handling. Measured with the
-      1 M policy at 32 clients on 2 cores (docs/benchmarks.md): the server's
-      throughput rose from ~65-78% to ~100% of the raw engine's.
+      the workers' cores. It and the workers take turns (schedule, run the step,
+      read its output), so sharing cores costs them little. Left unbound, or put on
+      the serving cores, it competes there with request handling and with local
+      clients, and on 2 cores the server stalled for seconds at 8+ clients
+      (docs/benchmarks.md, "Policy server"). The raw engine alone is faster with
+      vLLM's own placement on such a host; the server is not.
     """
     import psutil
     import torch
@@ -276,14 +276,14 @@ def move_off_compute_cores(engine_core_too: bool = True) -> None:
     rest = everything - compute
     if not compute or not rest:
         return
-    _pin_threads(me, rest)  # threads made later inherit their creator's affinity
+    pin_threads(me, rest)  # threads made later inherit their creator's affinity
     for process in engine_cores:
-        _pin_threads(process, compute)
+        pin_threads(process, compute)
     log.info("serving process pinned to cores %s; vLLM's engine core and compute threads to %s",
              sorted(rest), sorted(compute))
 
 
-def _pin_threads(process: object, cores: set[int]) -> None:
+def pin_threads(process: object, cores: set[int]) -> None:
     """Affinity is per thread on Linux: set it on every thread of ``process``."""
     import psutil
 
