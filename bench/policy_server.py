@@ -53,13 +53,11 @@ from trainer.cli import main as trainer_main  # noqa: E402
 
 CONCURRENCY = (1, 8, 32, 64)
 SETTLE_S = 1.5  # vLLM's idle processes poll their queues for 1 s after the last message
-# Where vLLM's engine-core process runs: "compute" (its worker's cores: the server's choice,
-# EngineSettings.engine_core_on_compute_cores), "serving" (the other cores), "anywhere" (vLLM's own).
-# The raw engine is measured both where vLLM leaves it and where the server puts it; the
-# better one is the ceiling. The server measured with "serving" or "anywhere" stalls for
-# seconds at 8+ clients on 2 cores (docs/benchmarks.md), so it keeps "compute".
+# Where the raw engine's vLLM engine-core process runs: "anywhere" (where vLLM leaves it) or
+# "compute" (its worker's cores, where the server puts it: EngineSettings.engine_core_on_compute_cores;
+# anywhere else the server stalls for seconds at 8+ clients on 2 cores, docs/benchmarks.md).
+# The better of the two is the ceiling.
 RAW_PLACEMENTS = {"raw, vLLM's placement": "anywhere", "raw, server's placement": "compute"}
-SERVER_PLACEMENTS = {"server": "compute"}
 STATE_DIM, ACTION_DIM, CHUNK = 39, 4, 4
 TASKS = "reach-v3,push-v3,pick-place-v3"
 
@@ -132,8 +130,8 @@ async def _closed_loop(worker, concurrency: int, seconds: float) -> Window:
 
 
 def place_engine_core(owner: psutil.Process, where: str) -> None:
-    """Put the vLLM engine-core process started by ``owner`` on its worker's cores ("compute"), on
-    the other cores ("serving") or on every core ("anywhere", where vLLM leaves it)."""
+    """Put the vLLM engine-core process started by ``owner`` on its worker's cores ("compute", where
+    the server puts it) or on every core ("anywhere", where vLLM leaves it)."""
     for engine_core in owner.children():
         if "EngineCore" not in engine_core.name():
             continue
@@ -142,8 +140,7 @@ def place_engine_core(owner: psutil.Process, where: str) -> None:
             return  # --executor uni: the engine core is the compute process; its threads stay bound
         everything = set(range(os.cpu_count() or 1))
         compute = set(workers[0].cpu_affinity())
-        pin_threads(engine_core, {"compute": compute, "serving": everything - compute or everything,
-                                  "anywhere": everything}[where])
+        pin_threads(engine_core, compute if where == "compute" else everything)
 
 
 class RawEngine:
@@ -222,7 +219,7 @@ async def compare(checkpoint: Path, settings: EngineSettings, levels: tuple[int,
                   rounds: int) -> dict[str, dict[int, Cell]]:
     """Raw engine (both placements of its engine core) and server on one checkpoint, their windows in
     turns; then the one-at-a-time server alone. ``raw`` is the better raw placement per concurrency."""
-    out: dict[str, dict[int, Cell]] = {name: {} for name in (*RAW_PLACEMENTS, *SERVER_PLACEMENTS, "raw", "hf")}
+    out: dict[str, dict[int, Cell]] = {name: {} for name in (*RAW_PLACEMENTS, "server", "raw", "hf")}
     # The server starts first, from this process while it still has every core (the
     # raw engine moves this process onto the serving cores, and children inherit that).
     with PolicyServerProcess(checkpoint, "--log-level", "warning", *_server_args(settings)) as server:
@@ -234,25 +231,22 @@ async def compare(checkpoint: Path, settings: EngineSettings, levels: tuple[int,
         # belong to the engines, which never run at the same time.
         try:
             for c in levels:
-                sides = [*RAW_PLACEMENTS, *SERVER_PLACEMENTS]
+                sides = [*RAW_PLACEMENTS, "server"]
                 windows: dict[str, list[Window]] = {name: [] for name in sides}
-                engine_ms: dict[str, list[float]] = {name: [] for name in SERVER_PLACEMENTS}
                 async with ServerClients(server, c) as clients:
                     await clients.request(0)
+                    clients.engine_ms.clear()
                     for r in range(rounds):
                         for name in sides[r % len(sides):] + sides[:r % len(sides)]:
-                            if name in RAW_PLACEMENTS:
+                            if name == "server":
+                                request = clients.request
+                            else:
                                 place_engine_core(psutil.Process(), RAW_PLACEMENTS[name])
                                 request = raw.request
-                            else:
-                                place_engine_core(psutil.Process(server.proc.pid), SERVER_PLACEMENTS[name])
-                                request = clients.request
-                                clients.engine_ms = engine_ms[name]
                             await asyncio.sleep(SETTLE_S)
                             windows[name].append(await _closed_loop(request, c, seconds))
-                    place_engine_core(psutil.Process(server.proc.pid), "compute")
                 for name in sides:
-                    out[name][c] = Cell.pool(windows[name], engine_ms.get(name))
+                    out[name][c] = Cell.pool(windows[name], clients.engine_ms if name == "server" else None)
                 out["raw"][c] = max((out[name][c] for name in RAW_PLACEMENTS), key=lambda cell: cell.requests_per_s)
                 print(f"  x{c}: " + "\n       ".join(f"{name}: {out[name][c]}" for name in sides),
                       file=sys.stderr, flush=True)
