@@ -54,7 +54,7 @@ from trainer.cli import main as trainer_main  # noqa: E402
 CONCURRENCY = (1, 8, 32, 64)
 SETTLE_S = 1.5  # vLLM's idle processes poll their queues for 1 s after the last message
 # Where the raw engine's vLLM engine-core process runs: "anywhere" (where vLLM leaves it) or
-# "compute" (its worker's cores, where the server puts it: EngineSettings.engine_core_on_compute_cores;
+# "compute" (its worker's cores, where the server puts it by default: policy-server --engine-core compute;
 # anywhere else the server stalls for seconds at 8+ clients on 2 cores, docs/benchmarks.md).
 # The better of the two is the ceiling.
 RAW_PLACEMENTS = {"raw, vLLM's placement": "anywhere", "raw, server's placement": "compute"}
@@ -208,6 +208,8 @@ def _server_args(settings: EngineSettings) -> list[str]:
     args = ["--kv-cache-gib", f"{settings.kv_cache_gib:g}", "--max-num-seqs", str(settings.max_num_seqs)]
     if settings.executor:
         args += ["--executor", settings.executor]
+    if not settings.engine_core_on_compute_cores:
+        args += ["--engine-core", "vllm"]
     if settings.omp_threads_bind:
         args += ["--omp-threads-bind", settings.omp_threads_bind]
     if not settings.enforce_eager:
@@ -316,6 +318,8 @@ async def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also measure engine settings")
     parser.add_argument("--executor", choices=["uni", "mp"], default=None,
                         help="vLLM executor for both the raw engine and the server (default: the server's)")
+    parser.add_argument("--server-engine-core", choices=["compute", "vllm"], default="compute",
+                        help="the server's --engine-core (default: its default, compute)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "evalforge-bench-policy")
     args = parser.parse_args()
     sizes = args.sizes.split(",")
@@ -323,14 +327,17 @@ async def main() -> None:
     checkpoints = make_checkpoints(args.workdir, sizes)
 
     print(f"# policy server — {platform.machine()}, {os.cpu_count()} cores, {args.rounds} × {args.seconds:g} s "
-          f"per side per cell, taken in turns; executor {args.executor or 'default'}")
+          f"per side per cell, taken in turns; executor {args.executor or 'default'}; "
+          f"server --engine-core {args.server_engine_core}")
     print("| policy | clients | raw req/s | raw p50/p99 ms | server req/s | server actions/s | server p50/p99 ms "
           "| server engine p50 ms | server / raw | one-at-a-time req/s | one-at-a-time p50/p99 ms | server / one-at-a-time |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     verdicts = []
     placements: list[tuple[str, dict[str, dict[int, Cell]]]] = []
     for size, checkpoint in checkpoints.items():
-        settings = EngineSettings() if args.executor is None else replace(EngineSettings(), executor=args.executor)
+        settings = replace(EngineSettings(), engine_core_on_compute_cores=args.server_engine_core == "compute")
+        if args.executor is not None:
+            settings = replace(settings, executor=args.executor)
         cells = await compare(checkpoint, settings, levels, args.seconds, args.rounds)
         raw, server, hf = cells["raw"], cells["server"], cells["hf"]
         for c in levels:
@@ -341,7 +348,7 @@ async def main() -> None:
                   f"{h.p50_ms:.1f} / {h.p99_ms:.1f} | {_ratio(s.requests_per_s, h.requests_per_s)} |", flush=True)
         placements.append((size, {name: cells[name] for name in RAW_PLACEMENTS}))
         worst = min(server[c].requests_per_s / raw[c].requests_per_s for c in levels)
-        same = cells["raw, server's placement"]
+        same = cells["raw, server's placement" if settings.engine_core_on_compute_cores else "raw, vLLM's placement"]
         worst_same = min(server[c].requests_per_s / same[c].requests_per_s for c in levels)
         verdicts.append((f"{size}: server ≥ 90% of raw with the server's placement, every concurrency",
                          f"worst {worst_same:.0%}", worst_same >= 0.9))

@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--executor", choices=["uni", "mp"], default=None,
                         help="uni: run the model inside the engine-core process (one process fewer); "
                              "mp: a worker process per device (vLLM's default)")
+    engine.add_argument("--engine-core", choices=["compute", "vllm"], default="compute",
+                        help="CPU hosts: where vLLM's engine-core (scheduler) process runs. compute (default): on "
+                             "its worker's cores, so the serving cores stay free for requests and for clients or "
+                             "simulators on this host; vllm: where vLLM leaves it, faster on a host that only "
+                             "serves, but its busy-wait can starve other processes on the serving cores "
+                             "(docs/benchmarks.md)")
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
                         help="event loop (default asyncio: vLLM's front end kept less of the raw engine's "
                              "throughput on uvloop; docs/benchmarks.md)")
@@ -101,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def engine_settings(args: argparse.Namespace) -> EngineSettings:
+    return EngineSettings(dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=not args.compile,
+                          kv_cache_gib=args.kv_cache_gib, memory_utilization=args.memory_utilization,
+                          omp_threads_bind=args.omp_threads_bind, executor=args.executor,
+                          engine_core_on_compute_cores=args.engine_core == "compute")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -109,10 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointError as exc:
         print(f"policy-server: error: {exc}", file=sys.stderr)
         return 2
-    settings = EngineSettings(dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                              max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=not args.compile,
-                              kv_cache_gib=args.kv_cache_gib, memory_utilization=args.memory_utilization,
-                              omp_threads_bind=args.omp_threads_bind, executor=args.executor)
+    settings = engine_settings(args)
     limits = Limits(max_frame_bytes=args.max_frame_bytes)
     service = PolicyService(spec, make_engine(args.engine, spec, settings), name=args.name, limits=limits)
     server: DrainingServer | None = None

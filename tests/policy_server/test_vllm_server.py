@@ -11,7 +11,8 @@ import pytest
 
 from services.protocol.client import AsyncPolicyClient, ClientSettings, PolicyClient
 from services.protocol.codec import packb, unpackb
-from tests.policy_server.conftest import STATE_DIM, TASKS
+from services.protocol.launcher import PolicyServerProcess
+from tests.policy_server.conftest import STATE_DIM, TASKS, start_server
 
 pytestmark = pytest.mark.vllm
 
@@ -77,22 +78,50 @@ def test_sampling_with_a_seed_is_reproducible_and_differs_from_greedy(vllm_serve
     assert any(not np.array_equal(s, samples[0]) for s in samples[2:])
 
 
-def test_engine_core_shares_the_compute_cores_and_serving_keeps_the_rest(vllm_server):
-    """vLLM binds its worker to compute cores; the server puts the scheduler there too and itself elsewhere."""
+def _placement(server: PolicyServerProcess) -> tuple[set[int], list[set[int]], list[set[int]]]:
+    """The worker's compute cores, and the cores each thread of the serving and engine-core processes may use."""
     psutil = pytest.importorskip("psutil")
-    server = psutil.Process(vllm_server.proc.pid)
+    process = psutil.Process(server.proc.pid)
     everything = set(range(os.cpu_count() or 1))
-    children = {p.name(): p for p in server.children(recursive=True)}
+    children = {p.name(): p for p in process.children(recursive=True)}
     worker = next((p for name, p in children.items() if "Worker" in name), None)
     engine_core = next((p for name, p in children.items() if "EngineCore" in name), None)
     assert engine_core is not None, f"no vLLM engine-core process among {sorted(children)}"
     if worker is None or set(worker.cpu_affinity()) == everything:
         pytest.skip("vLLM did not bind its worker to a subset of the cores here: nothing to place")
-    compute = set(worker.cpu_affinity())
-    for thread in server.threads():
-        assert not set(os.sched_getaffinity(thread.id)) & compute, "a serving thread may run on a compute core"
-    for thread in engine_core.threads():
-        assert set(os.sched_getaffinity(thread.id)) <= compute, "an engine-core thread may run on a serving core"
+    return (set(worker.cpu_affinity()), [set(os.sched_getaffinity(t.id)) for t in process.threads()],
+            [set(os.sched_getaffinity(t.id)) for t in engine_core.threads()])
+
+
+def test_engine_core_shares_the_compute_cores_and_serving_keeps_the_rest(vllm_server):
+    """vLLM binds its worker to compute cores; the server puts the scheduler there too and itself elsewhere."""
+    compute, serving, engine_core = _placement(vllm_server)
+    assert all(not cores & compute for cores in serving), "a serving thread may run on a compute core"
+    assert all(cores <= compute for cores in engine_core), "an engine-core thread may run on a serving core"
+
+
+def test_engine_core_vllm_leaves_the_scheduler_where_vllm_put_it(checkpoint, tmp_path):
+    """--engine-core vllm: the serving process still keeps off the compute cores; the scheduler is not moved."""
+    server = start_server(checkpoint, tmp_path, "--engine-core", "vllm")
+    try:
+        compute, serving, engine_core = _placement(server)
+        assert all(not cores & compute for cores in serving), "a serving thread may run on a compute core"
+        assert any(cores - compute for cores in engine_core), "the engine core was confined to the compute cores"
+    finally:
+        server.stop()
+
+
+def test_engine_core_flag_sets_the_placement():
+    from services.policy_server.cli import build_parser, engine_settings
+
+    def placed_on_compute(*flags: str) -> bool:
+        args = build_parser().parse_args(["--checkpoint", "x", *flags])
+        return engine_settings(args).engine_core_on_compute_cores
+
+    assert placed_on_compute() and placed_on_compute("--engine-core", "compute")
+    assert not placed_on_compute("--engine-core", "vllm")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--checkpoint", "x", "--engine-core", "serving"])
 
 
 def test_closing_the_engine_gives_this_process_its_cores_back(checkpoint):
