@@ -55,7 +55,7 @@ CONCURRENCY = (1, 8, 32, 64)
 SETTLE_S = 1.5  # vLLM's idle processes poll their queues for 1 s after the last message
 # Where the raw engine's vLLM engine-core process runs: "anywhere" (where vLLM leaves it) or
 # "compute" (its worker's cores, where the server puts it by default: policy-server --engine-core compute;
-# anywhere else the server stalls for seconds at 8+ clients on 2 cores, docs/benchmarks.md).
+# anywhere else local clients in another session can stall behind its busy-wait, docs/benchmarks.md).
 # The better of the two is the ceiling.
 RAW_PLACEMENTS = {"raw, vLLM's placement": "anywhere", "raw, server's placement": "compute"}
 STATE_DIM, ACTION_DIM, CHUNK = 39, 4, 4

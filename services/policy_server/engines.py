@@ -244,13 +244,15 @@ def move_off_compute_cores(engine_core_too: bool = True) -> None:
     - this process (event loop: decoding requests, sending replies, vLLM's output
       handler) goes to the cores the workers are not bound to, so it never
       preempts a model step;
-    - with ``engine_core_too``, vLLM's engine-core process (the scheduler) goes to
-      the workers' cores. It and the workers take turns (schedule, run the step,
-      read its output), so sharing cores costs them little. Left unbound, or put on
-      the serving cores, it competes there with request handling and with local
-      clients, and on 2 cores the server stalled for seconds at 8+ clients
-      (docs/benchmarks.md, "Policy server"). The raw engine alone is faster with
-      vLLM's own placement on such a host; the server is not.
+    - with ``engine_core_too`` (``policy-server --engine-core compute``, the default),
+      vLLM's engine-core process (the scheduler) goes to the workers' cores. It and
+      the workers take turns (schedule, run the step, read its output); sharing a
+      core costs small models up to a quarter of their throughput on 2 cores. Left unbound, it spins on ``sched_yield()`` while the
+      worker computes, on the cores request handling and local clients need; with
+      Linux's session autogroups that yield does not reach processes of other
+      sessions, and on 2 cores local clients stalled for up to a second at 8+
+      clients (docs/benchmarks.md, "Policy server"). On a host that only serves,
+      vLLM's own placement is faster for small models (``--engine-core vllm``).
     """
     import psutil
     import torch
