@@ -334,10 +334,10 @@ async def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     verdicts = []
     placements: list[tuple[str, dict[str, dict[int, Cell]]]] = []
+    settings = replace(EngineSettings(), engine_core_on_compute_cores=args.server_engine_core == "compute")
+    if args.executor is not None:
+        settings = replace(settings, executor=args.executor)
     for size, checkpoint in checkpoints.items():
-        settings = replace(EngineSettings(), engine_core_on_compute_cores=args.server_engine_core == "compute")
-        if args.executor is not None:
-            settings = replace(settings, executor=args.executor)
         cells = await compare(checkpoint, settings, levels, args.seconds, args.rounds)
         raw, server, hf = cells["raw"], cells["server"], cells["hf"]
         for c in levels:

@@ -247,12 +247,13 @@ def move_off_compute_cores(engine_core_too: bool = True) -> None:
     - with ``engine_core_too`` (``policy-server --engine-core compute``, the default),
       vLLM's engine-core process (the scheduler) goes to the workers' cores. It and
       the workers take turns (schedule, run the step, read its output); sharing a
-      core costs small models up to a quarter of their throughput on 2 cores. Left unbound, it spins on ``sched_yield()`` while the
-      worker computes, on the cores request handling and local clients need; with
-      Linux's session autogroups that yield does not reach processes of other
-      sessions, and on 2 cores local clients stalled for up to a second at 8+
-      clients (docs/benchmarks.md, "Policy server"). On a host that only serves,
-      vLLM's own placement is faster for small models (``--engine-core vllm``).
+      core costs small models up to a quarter of their throughput on 2 cores.
+      Left unbound, it spins on ``sched_yield()`` while the worker computes, on
+      the cores request handling and local clients need; with Linux's session
+      autogroups that yield does not reach processes of other sessions, and on
+      2 cores local clients stalled for up to a second at 8+ clients
+      (docs/benchmarks.md, "Policy server"). On a host that only serves, vLLM's
+      own placement is faster for small models (``--engine-core vllm``).
     """
     import psutil
     import torch
