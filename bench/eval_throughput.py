@@ -272,7 +272,8 @@ def main() -> None:
     checkpoint = ensure_policy(args.checkpoint)
     log_dir = REPO / "runs" / "bench-eval-throughput"
     log_dir.mkdir(parents=True, exist_ok=True)
-    server = PolicyServerProcess(checkpoint, "--engine", args.engine, "--log-level", "warning", log_dir=log_dir)
+    server = PolicyServerProcess(checkpoint, "--engine", args.engine, "--engine-core", "compute", "--log-level",
+                                 "warning", log_dir=log_dir)  # as evalforge up runs it next to workers
     database_url = create_database()
     queue = f"episodes-bench-{secrets.token_hex(4)}"
     api = None

@@ -10,9 +10,9 @@ chunk 4) and 1, 8, 32 and 64 concurrent clients, in one run:
 
 Raw and server run at once, one policy size at a time, and each concurrency level
 is measured in ``--rounds`` rounds of windows taken in turns — raw with vLLM's
-engine-core process where the server puts it (on the compute cores), raw with it
-where vLLM leaves it (every core), server; the better raw placement is the
-ceiling — so a machine whose speed drifts (a shared VM: the raw engine alone
+engine-core process where vLLM leaves it (every core), raw with it on its
+worker's compute cores (``policy-server --engine-core compute``), server; the
+better raw placement is the ceiling — so a machine whose speed drifts (a shared VM: the raw engine alone
 varied by 40% between runs an hour apart) moves every side alike. The idle
 sides' vLLM processes stop polling within a second, and each window starts after
 a pause longer than that. The one-at-a-time server runs afterwards, alone. Each
@@ -53,11 +53,10 @@ from trainer.cli import main as trainer_main  # noqa: E402
 
 CONCURRENCY = (1, 8, 32, 64)
 SETTLE_S = 1.5  # vLLM's idle processes poll their queues for 1 s after the last message
-# Where the raw engine's vLLM engine-core process runs: "anywhere" (where vLLM leaves it) or
-# "compute" (its worker's cores, where the server puts it by default: policy-server --engine-core compute;
-# anywhere else local clients in another session can stall behind its busy-wait, docs/benchmarks.md).
-# The better of the two is the ceiling.
-RAW_PLACEMENTS = {"raw, vLLM's placement": "anywhere", "raw, server's placement": "compute"}
+# Where the raw engine's vLLM engine-core process runs: "anywhere" (where vLLM leaves it, as
+# policy-server does by default) or "compute" (its worker's cores: policy-server --engine-core compute,
+# what evalforge up uses next to simulators). The better of the two is the ceiling.
+RAW_PLACEMENTS = {"raw, engine core anywhere": "anywhere", "raw, engine core on compute cores": "compute"}
 STATE_DIM, ACTION_DIM, CHUNK = 39, 4, 4
 TASKS = "reach-v3,push-v3,pick-place-v3"
 
@@ -130,8 +129,8 @@ async def _closed_loop(worker, concurrency: int, seconds: float) -> Window:
 
 
 def place_engine_core(owner: psutil.Process, where: str) -> None:
-    """Put the vLLM engine-core process started by ``owner`` on its worker's cores ("compute", where
-    the server puts it) or on every core ("anywhere", where vLLM leaves it)."""
+    """Put the vLLM engine-core process started by ``owner`` on its worker's cores ("compute", as
+    ``policy-server --engine-core compute`` does) or on every core ("anywhere", where vLLM leaves it)."""
     for engine_core in owner.children():
         if "EngineCore" not in engine_core.name():
             continue
@@ -160,7 +159,7 @@ class RawEngine:
 
     async def request(self, i: int) -> None:
         params = self.engine.sampling_params(0.0, None)
-        async for _ in self.engine.llm.generate({"prompt_token_ids": self.prompts[i % len(self.prompts)]}, params,
+        async for _ in self.engine.llm.generate(self.engine.engine_input(self.prompts[i % len(self.prompts)]), params,
                                                 request_id=f"raw-{next(self.ids)}"):
             pass
 
@@ -208,8 +207,7 @@ def _server_args(settings: EngineSettings) -> list[str]:
     args = ["--kv-cache-gib", f"{settings.kv_cache_gib:g}", "--max-num-seqs", str(settings.max_num_seqs)]
     if settings.executor:
         args += ["--executor", settings.executor]
-    if not settings.engine_core_on_compute_cores:
-        args += ["--engine-core", "vllm"]
+    args += ["--engine-core", "compute" if settings.engine_core_on_compute_cores else "vllm"]
     if settings.omp_threads_bind:
         args += ["--omp-threads-bind", settings.omp_threads_bind]
     if not settings.enforce_eager:
@@ -318,8 +316,8 @@ async def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="also measure engine settings")
     parser.add_argument("--executor", choices=["uni", "mp"], default=None,
                         help="vLLM executor for both the raw engine and the server (default: the server's)")
-    parser.add_argument("--server-engine-core", choices=["compute", "vllm"], default="compute",
-                        help="the server's --engine-core (default: its default, compute)")
+    parser.add_argument("--server-engine-core", choices=["vllm", "compute"], default="vllm",
+                        help="the server's --engine-core (default: its default, vllm)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "evalforge-bench-policy")
     args = parser.parse_args()
     sizes = args.sizes.split(",")
@@ -348,9 +346,10 @@ async def main() -> None:
                   f"{h.p50_ms:.1f} / {h.p99_ms:.1f} | {_ratio(s.requests_per_s, h.requests_per_s)} |", flush=True)
         placements.append((size, {name: cells[name] for name in RAW_PLACEMENTS}))
         worst = min(server[c].requests_per_s / raw[c].requests_per_s for c in levels)
-        same = cells["raw, server's placement" if settings.engine_core_on_compute_cores else "raw, vLLM's placement"]
+        same = cells["raw, engine core on compute cores" if settings.engine_core_on_compute_cores
+                     else "raw, engine core anywhere"]
         worst_same = min(server[c].requests_per_s / same[c].requests_per_s for c in levels)
-        verdicts.append((f"{size}: server ≥ 90% of raw with the server's placement, every concurrency",
+        verdicts.append((f"{size}: server ≥ 90% of raw with the same engine-core placement, every concurrency",
                          f"worst {worst_same:.0%}", worst_same >= 0.9))
         verdicts.append((f"{size}: server ≥ 90% of raw at every concurrency", f"worst {worst:.0%}", worst >= 0.9))
         if 1 in levels:

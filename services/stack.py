@@ -131,9 +131,10 @@ class Supervisor:
                       f"(restart {child.restarts}): {' '.join(child.spec.argv)}\n".encode())
         logfile.flush()
         env = {**self.env, "PYTHONUNBUFFERED": "1", **child.spec.env}
+        # Own process group (killed as one), same session: see PolicyServerProcess.start.
         try:
             child.proc = subprocess.Popen(child.spec.argv, stdout=logfile, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                          stdin=subprocess.DEVNULL, env=env, process_group=0)
         finally:
             logfile.close()  # the child holds its own descriptor
         now = time.monotonic()
@@ -354,7 +355,9 @@ def build_specs(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) -
         specs.append(ProcessSpec(
             f"policy-{index + 1}",
             [*exe, "services.policy_server", "--checkpoint", str(checkpoint.directory), "--port",
-             str(checkpoint.port), "--engine", args.engine, "--name", checkpoint.name, "--log-level", "warning"],
+             str(checkpoint.port), "--engine", args.engine, "--name", checkpoint.name, "--log-level", "warning",
+             # workers and simulators share this host: vLLM's scheduler stays on its compute cores
+             "--engine-core", "compute"],
             health_url=f"http://127.0.0.1:{checkpoint.port}/readyz", startup_timeout_s=600))
     for index in range(args.workers):
         worker = [*exe, "services.cli", "worker", "--hostname", f"up-worker-{index + 1}@%h", "--loglevel", "info"]

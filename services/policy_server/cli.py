@@ -90,12 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--executor", choices=["uni", "mp"], default=None,
                         help="uni: run the model inside the engine-core process (one process fewer); "
                              "mp: a worker process per device (vLLM's default)")
-    engine.add_argument("--engine-core", choices=["compute", "vllm"], default="compute",
-                        help="CPU hosts: where vLLM's engine-core (scheduler) process runs. compute (default): on "
-                             "its worker's cores, so the serving cores stay free for requests and for clients or "
-                             "simulators on this host; vllm: where vLLM leaves it, faster on a host that only "
-                             "serves, but its busy-wait can starve other processes on the serving cores "
-                             "(docs/benchmarks.md)")
+    engine.add_argument("--engine-core", choices=["vllm", "compute"], default="vllm",
+                        help="CPU hosts: where vLLM's engine-core (scheduler) process runs. vllm (default): where "
+                             "vLLM leaves it, the fastest on a host that serves; its busy-wait takes a core's idle "
+                             "time. compute: on its worker's cores, so the other cores stay free for simulators "
+                             "or clients on this host (evalforge up and trainer rollout use it; "
+                             "docs/benchmarks.md)")
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
                         help="event loop (default asyncio: vLLM's front end kept less of the raw engine's "
                              "throughput on uvloop; docs/benchmarks.md)")

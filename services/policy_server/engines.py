@@ -46,7 +46,9 @@ class EngineSettings:
     # keep this serving process on the reserved ones and vLLM's scheduler process on
     # the compute ones (see move_off_compute_cores).
     keep_off_compute_cores: bool = True
-    engine_core_on_compute_cores: bool = True
+    # policy-server --engine-core compute: the scheduler on the compute cores too, for
+    # hosts that also run simulators (see move_off_compute_cores).
+    engine_core_on_compute_cores: bool = False
     seed: int = 0
 
 
@@ -101,7 +103,7 @@ class VllmEngine(Engine):
             enforce_eager=s.enforce_eager,
             gpu_memory_utilization=s.memory_utilization,
             seed=s.seed,
-            disable_log_stats=False,
+            disable_log_stats=True,  # custom loggers still get the stats (below)
             enable_prefix_caching=False,
             distributed_executor_backend=s.executor,
         )
@@ -114,15 +116,19 @@ class VllmEngine(Engine):
             move_off_compute_cores(engine_core_too=s.engine_core_on_compute_cores)
 
     def _batch_logger_factory(self) -> Callable:
-        from vllm.v1.metrics.loggers import StatLoggerBase
+        """vLLM's only stats consumer here: the batch size of every engine step.
+
+        It subclasses vLLM's Prometheus logger so that vLLM adds none of its own (a
+        custom one replaces it): that logger updates dozens of metrics every engine
+        step on the serving core, for a registry this server does not expose. vLLM's
+        periodic throughput log line is off too (``disable_log_stats``)."""
+        from vllm.v1.metrics.loggers import PrometheusStatLogger
 
         engine = self
 
-        class BatchSizeLogger(StatLoggerBase):
-            """Reports the number of running requests at every engine step."""
-
-            def __init__(self, vllm_config: object, engine_index: int = 0) -> None:
-                pass
+        class BatchSizeLogger(PrometheusStatLogger):
+            def __init__(self, vllm_config: object, engine_indexes: list[int] | None = None) -> None:
+                pass  # no Prometheus metrics of vLLM's
 
             def record(self, scheduler_stats: object, iteration_stats: object, mm_cache_stats: object = None,
                        engine_idx: int = 0) -> None:
@@ -130,7 +136,16 @@ class VllmEngine(Engine):
                 if running and engine.on_batch is not None:
                     engine.on_batch(running)
 
+            def record_sleep_state(self, awake: int = 1, level: int = 0) -> None:
+                pass
+
+            def record_admission_rejection(self, reason: str) -> None:
+                pass
+
             def log_engine_initialized(self) -> None:
+                pass
+
+            def log(self) -> None:
                 pass
 
         return BatchSizeLogger
@@ -148,6 +163,10 @@ class VllmEngine(Engine):
         from vllm.sampling_params import RequestOutputKind
 
         n = self.spec.max_tokens
+        # skip_clone: vLLM deep-copies each request's parameters (≈ 0.1 ms with the
+        # allowed-token list) unless told they are safe to share. These are: what
+        # vLLM adds to its copy (stop ids from the generation config) is the same
+        # for every request of this model.
         return SamplingParams(
             max_tokens=n,
             min_tokens=n,
@@ -157,6 +176,7 @@ class VllmEngine(Engine):
             allowed_token_ids=self.spec.allowed_token_ids,
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
+            skip_clone=True,
         )
 
     @property
@@ -165,11 +185,20 @@ class VllmEngine(Engine):
         assert self._llm is not None, "engine not started"
         return self._llm
 
+    @staticmethod
+    def engine_input(prompt: list[int]) -> object:
+        """The prompt as vLLM's rendered token input: a raw ``{"prompt_token_ids": …}``
+        prompt would go through vLLM's renderer on a worker thread (two thread
+        hand-overs per request); token ids need no rendering."""
+        from vllm.inputs.engine import tokens_input
+
+        return tokens_input(prompt)
+
     async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
         assert self._llm is not None, "engine not started"
         request_id = f"{self._prefix}-{next(self._ids)}"
         final = None
-        async for output in self._llm.generate({"prompt_token_ids": prompt}, self.sampling_params(temperature, seed),
+        async for output in self._llm.generate(self.engine_input(prompt), self.sampling_params(temperature, seed),
                                                request_id=request_id):
             final = output
         assert final is not None
@@ -234,7 +263,7 @@ class HfEngine(Engine):
         return tokens
 
 
-def move_off_compute_cores(engine_core_too: bool = True) -> None:
+def move_off_compute_cores(engine_core_too: bool = False) -> None:
     """Split the cores: vLLM's engine on its compute cores, this serving process on the rest.
 
     vLLM's CPU backend binds each worker's OpenMP threads to its own cores and
@@ -244,16 +273,17 @@ def move_off_compute_cores(engine_core_too: bool = True) -> None:
     - this process (event loop: decoding requests, sending replies, vLLM's output
       handler) goes to the cores the workers are not bound to, so it never
       preempts a model step;
-    - with ``engine_core_too`` (``policy-server --engine-core compute``, the default),
-      vLLM's engine-core process (the scheduler) goes to the workers' cores. It and
-      the workers take turns (schedule, run the step, read its output); sharing a
-      core costs small models up to a quarter of their throughput on 2 cores.
-      Left unbound, it spins on ``sched_yield()`` while the worker computes, on
-      the cores request handling and local clients need; with Linux's session
-      autogroups that yield does not reach processes of other sessions, and on
-      2 cores local clients stalled for up to a second at 8+ clients
-      (docs/benchmarks.md, "Policy server"). On a host that only serves, vLLM's
-      own placement is faster for small models (``--engine-core vllm``).
+    - with ``engine_core_too`` (``policy-server --engine-core compute``), vLLM's
+      engine-core process (the scheduler) goes to the workers' cores too. Left where
+      vLLM puts it (the default), it spins on ``sched_yield()`` while the worker
+      computes, taking the idle time of the other cores: the fastest placement on a
+      host that serves, but on a small host that also runs simulators they lose
+      that core time; with Linux's session autogroups the yield does not even reach
+      processes of other login sessions, and on 2 cores such local clients stalled
+      for up to a second. On the workers' cores the two take turns, which costs
+      small models up to a quarter of their throughput on 2 cores
+      (docs/benchmarks.md, "Policy server"); ``evalforge up`` and ``trainer
+      rollout`` choose it, as they run simulators next to the server.
     """
     import psutil
     import torch

@@ -147,7 +147,8 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     server = None
     if not args.policy_server:
-        server = PolicyServerProcess(args.checkpoint, "--engine", args.engine, log_dir=args.checkpoint)
+        server = PolicyServerProcess(args.checkpoint, "--engine", args.engine, "--engine-core", "compute",
+                                     log_dir=args.checkpoint)  # the simulator runs on this host too
         try:
             server.start()
         except RuntimeError as exc:

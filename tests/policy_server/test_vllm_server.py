@@ -93,22 +93,24 @@ def _placement(server: PolicyServerProcess) -> tuple[set[int], list[set[int]], l
             [set(os.sched_getaffinity(t.id)) for t in engine_core.threads()])
 
 
-def test_engine_core_shares_the_compute_cores_and_serving_keeps_the_rest(vllm_server):
-    """vLLM binds its worker to compute cores; the server puts the scheduler there too and itself elsewhere."""
-    compute, serving, engine_core = _placement(vllm_server)
-    assert all(not cores & compute for cores in serving), "a serving thread may run on a compute core"
-    assert all(cores <= compute for cores in engine_core), "an engine-core thread may run on a serving core"
-
-
-def test_engine_core_vllm_leaves_the_scheduler_where_vllm_put_it(checkpoint, tmp_path):
-    """--engine-core vllm: the serving process still keeps off the compute cores; the scheduler is not moved."""
-    server = start_server(checkpoint, tmp_path, "--engine-core", "vllm")
+def test_engine_core_compute_shares_the_compute_cores_and_serving_keeps_the_rest(checkpoint, tmp_path):
+    """--engine-core compute: vLLM binds its worker to compute cores; the server puts the scheduler there
+    too and itself elsewhere."""
+    server = start_server(checkpoint, tmp_path, "--engine-core", "compute")
     try:
         compute, serving, engine_core = _placement(server)
         assert all(not cores & compute for cores in serving), "a serving thread may run on a compute core"
-        assert any(cores - compute for cores in engine_core), "the engine core was confined to the compute cores"
+        assert all(cores <= compute for cores in engine_core), "an engine-core thread may run on a serving core"
     finally:
         server.stop()
+
+
+def test_by_default_the_scheduler_stays_where_vllm_put_it(vllm_server):
+    """The default (--engine-core vllm): the serving process still keeps off the compute cores; the
+    scheduler is not moved."""
+    compute, serving, engine_core = _placement(vllm_server)
+    assert all(not cores & compute for cores in serving), "a serving thread may run on a compute core"
+    assert any(cores - compute for cores in engine_core), "the engine core was confined to the compute cores"
 
 
 def test_engine_core_flag_sets_the_placement():
@@ -118,8 +120,8 @@ def test_engine_core_flag_sets_the_placement():
         args = build_parser().parse_args(["--checkpoint", "x", *flags])
         return engine_settings(args).engine_core_on_compute_cores
 
-    assert placed_on_compute() and placed_on_compute("--engine-core", "compute")
-    assert not placed_on_compute("--engine-core", "vllm")
+    assert placed_on_compute("--engine-core", "compute")
+    assert not placed_on_compute() and not placed_on_compute("--engine-core", "vllm")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--checkpoint", "x", "--engine-core", "serving"])
 
