@@ -103,21 +103,28 @@ class PolicySpec:
         centres = (np.arange(self.action_bins)[:, None] + 0.5) / self.action_bins
         return (self.action_low + centres * (self.action_high - self.action_low)).astype(np.float32)
 
+    @cached_property
+    def _action_dims(self) -> np.ndarray:
+        """The action dimension of each generated token: 0, 1, …, action_dim − 1, repeated per chunk row."""
+        return np.tile(np.arange(self.action_dim), self.chunk_size)
+
     def prompt_tokens(self, state: np.ndarray, task: str) -> list[int]:
-        """Prompt token ids for one observation (state already validated)."""
+        """Prompt token ids for one observation (state already validated: finite)."""
         scaled = (state - self.state_low) * self._state_scale
-        bins = np.clip(np.floor(scaled), 0, self.state_bins - 1).astype(np.int64)
+        # clipped to [0, bins − 1] first, truncation is the floor: the bin index
+        bins = np.minimum(np.maximum(scaled, 0.0), self.state_bins - 1).astype(np.int64)
         return [self.tasks[task].token_id, *(bins + self.state_range[0]).tolist()]
 
     def decode_actions(self, token_ids: list[int] | np.ndarray) -> np.ndarray:
         """float32 ``[chunk_size, action_dim]`` from generated action-token ids."""
-        bins = np.asarray(token_ids, dtype=np.int64) - self.action_range[0]
-        if bins.shape != (self.max_tokens,):
-            raise ValueError(f"expected {self.max_tokens} action tokens, got {bins.shape[0]}")
-        if bins.min() < 0 or bins.max() >= self.action_bins:
+        ids = token_ids if isinstance(token_ids, list) else np.asarray(token_ids).tolist()
+        if len(ids) != self.max_tokens:
+            raise ValueError(f"expected {self.max_tokens} action tokens, got {len(ids)}")
+        start, end = self.action_range
+        if min(ids) < start or max(ids) >= end:
             raise ValueError("generated a token outside the action range")
-        dims = np.tile(np.arange(self.action_dim), self.chunk_size)
-        return self._action_values[bins, dims].reshape(self.chunk_size, self.action_dim)
+        bins = np.asarray(ids, dtype=np.int64) - start
+        return self._action_values[bins, self._action_dims].reshape(self.chunk_size, self.action_dim)
 
 
 def _fail(directory: Path, problem: str) -> CheckpointError:
