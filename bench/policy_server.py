@@ -12,8 +12,9 @@ Raw and server run at once, one policy size at a time, and each concurrency leve
 is measured in ``--rounds`` rounds of windows taken in turns — raw with vLLM's
 engine-core process where vLLM leaves it (every core), raw with it on its
 worker's compute cores (``policy-server --engine-core compute``), server; the
-better raw placement is the ceiling — so a machine whose speed drifts (a shared VM: the raw engine alone
-varied by 40% between runs an hour apart) moves every side alike. The idle
+better raw placement is the ceiling — so a machine whose speed drifts (a shared
+VM: the raw engine alone varied by 40% between runs an hour apart) moves every
+side alike. The idle
 sides' vLLM processes stop polling within a second, and each window starts after
 a pause longer than that. The one-at-a-time server runs afterwards, alone. Each
 window runs closed-loop clients for ``--seconds``; requests/s, actions/s
@@ -159,8 +160,8 @@ class RawEngine:
 
     async def request(self, i: int) -> None:
         params = self.engine.sampling_params(0.0, None)
-        async for _ in self.engine.llm.generate(self.engine.engine_input(self.prompts[i % len(self.prompts)]), params,
-                                                request_id=f"raw-{next(self.ids)}"):
+        prompt = self.engine.engine_input(self.prompts[i % len(self.prompts)])
+        async for _ in self.engine.llm.generate(prompt, params, request_id=f"raw-{next(self.ids)}"):
             pass
 
     async def close(self) -> None:

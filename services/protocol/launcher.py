@@ -70,9 +70,9 @@ class PolicyServerProcess:
     def start(self, timeout: float = 300) -> PolicyServerProcess:
         """Start the server and wait until it is ready, or raise with the end of its log."""
         # Its own process group (a Ctrl-C at the terminal reaches only the caller, which
-        # stops it), in this session: vLLM's engine core busy-waits with sched_yield(), which with
-        # Linux's session autogroups yields only to processes of its own session; local
-        # clients in another session stalled behind it (docs/benchmarks.md).
+        # stops it), in this session: vLLM's engine core busy-waits with sched_yield(),
+        # which with Linux's session autogroups yields only to processes of its own
+        # session; local clients in another session stalled behind it (docs/benchmarks.md).
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.policy_server", "--checkpoint", str(self.checkpoint),
              "--port", str(self.port), *self.args],

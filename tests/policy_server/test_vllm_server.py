@@ -105,6 +105,12 @@ def test_engine_core_compute_shares_the_compute_cores_and_serving_keeps_the_rest
         server.stop()
 
 
+def test_the_server_runs_in_its_callers_session_in_a_group_of_its_own(vllm_server):
+    """vLLM's busy-wait yields only within its session: the server must share its local clients' one."""
+    assert os.getsid(vllm_server.proc.pid) == os.getsid(0)
+    assert os.getpgid(vllm_server.proc.pid) == vllm_server.proc.pid != os.getpgid(0)
+
+
 def test_by_default_the_scheduler_stays_where_vllm_put_it(vllm_server):
     """The default (--engine-core vllm): the serving process still keeps off the compute cores; the
     scheduler is not moved."""
