@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.config import load_config  # noqa: E402
-from trainer.data.lerobot import LeRobotDataset  # noqa: E402
+from trainer.data.lerobot import DemonstrationDataset  # noqa: E402
 from trainer.data.robot import RobotBatches, RobotSamples, RobotTokenizer, dataset_bins  # noqa: E402
 from trainer.vla import VLAConfig, resolve_model  # noqa: E402
 
@@ -106,7 +106,7 @@ def _train_rate(samples: RobotSamples, cfg: VLAConfig, steps: int, warmup: int) 
     return cfg.training.global_batch_size / float(np.median(times)), params
 
 
-def measure(recipe: Path, dataset: LeRobotDataset, *, steps: int, seconds: float) -> Row:
+def measure(recipe: Path, dataset: DemonstrationDataset, *, steps: int, seconds: float) -> Row:
     """One table row: ``recipe``'s pipeline and model on ``dataset``."""
     cfg = load_config(VLAConfig, recipe, ["--data.path", str(dataset.root)])
     state, action = dataset_bins(dataset, state_bins=cfg.data.state_bins, action_bins=cfg.data.action_bins,
@@ -146,7 +146,7 @@ def main() -> None:
 
                     collect_demos("metaworld-mt1-reach", fallback, 50, workers=1, show_progress=False)
                 root = fallback
-            rows.append(measure(recipe, LeRobotDataset(root), steps=args.steps, seconds=args.seconds))
+            rows.append(measure(recipe, DemonstrationDataset(root), steps=args.steps, seconds=args.seconds))
 
     table = Table(title="robot data pipeline (one thread) vs what a training step consumes")
     for column in ("recipe", "dataset", "params", "global batch", "tokenise (once)", "pipeline samples/s",

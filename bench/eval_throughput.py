@@ -71,7 +71,7 @@ from benchmarks.suite import evaluation_seed  # noqa: E402
 from services.protocol.launcher import PolicyServerProcess  # noqa: E402
 from services.store import migrate  # noqa: E402
 from services.store.api_keys import create_api_key  # noqa: E402
-from services.store.db import make_engine, make_session_factory  # noqa: E402
+from services.store.db import create_db_engine, make_session_factory  # noqa: E402
 from services.store.models import Episode, Evaluation  # noqa: E402
 
 SUITE, TASK = "metaworld-mt1-reach", "reach-v3"
@@ -120,7 +120,7 @@ def ensure_policy(checkpoint: Path) -> Path:
         subprocess.run([*trainer, "collect-demos", "--suite", SUITE, "--episodes-per-task", "400", "--out",
                         str(DEMOS)], cwd=REPO, check=True)
     print("policy: training configs/vla-reach-fast.yaml (a few minutes on 2 cores) …", flush=True)
-    subprocess.run([*trainer, "vla", "configs/vla-reach-fast.yaml"], cwd=REPO, check=True)
+    subprocess.run([*trainer, "vla", "--config", "configs/vla-reach-fast.yaml"], cwd=REPO, check=True)
     return checkpoint
 
 
@@ -285,7 +285,7 @@ def main() -> None:
         server.start()
         print(f"policy server ({args.engine}) ready in {time.perf_counter() - started:.0f} s at {server.ws_url}")
         migrate.upgrade(database_url)
-        engine = make_engine(url=database_url)
+        engine = create_db_engine(url=database_url)
         sessions = make_session_factory(engine)
         with sessions() as session:
             _, key = create_api_key(session, "bench")

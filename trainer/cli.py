@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
 import os
 import sys
+import warnings
 
 VERBS = {
     "init-policy": ("trainer.init_policy", "write an untrained, random-initialised policy checkpoint"),
@@ -60,21 +62,36 @@ def hand_over(verb: str, argv: list[str]) -> int:
     os.execv(sys.executable, [sys.executable, "-m", module, *argv])
 
 
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
+def quiet_known_warnings() -> None:
+    """Filter, once for every verb, what megatron-core and its dependencies print on a CPU host that no
+    user can act on: the notes that Transformer Engine and Apex are not installed (torch is then used,
+    which is this host's expected path)."""
+    warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex|apex).*(not installed|not found)")
+    warnings.filterwarnings("ignore", message=r".*fused.*(Apex|apex|Transformer Engine).*")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in HANDED_OVER:
         return hand_over(argv[0], argv[1:])
+    quiet_known_warnings()
     parser = argparse.ArgumentParser(prog="trainer", description="EvalForge training core.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default="info", choices=LOG_LEVELS,
+                        help="log messages of this level and above (default: info)")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     # Only the chosen verb's module is imported: most verbs need no torch or megatron,
     # and `trainer --help` should not wait for them.
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for verb, (module_name, help_text) in VERBS.items():
         if verb != chosen:
-            verbs.add_parser(verb, help=help_text)
+            verbs.add_parser(verb, help=help_text, parents=[common])
             continue
         module = importlib.import_module(module_name)
-        sub = verbs.add_parser(verb, help=help_text, description=module.__doc__,
+        sub = verbs.add_parser(verb, help=help_text, description=module.__doc__, parents=[common],
                                formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
         sub.set_defaults(run=module.run, takes_overrides=getattr(module, "CONFIG_OVERRIDES", False))
@@ -86,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not args.takes_overrides:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.overrides = extra
+    # Libraries (megatron-core logs every parallel-state step at INFO) speak from warning up unless debugging.
+    level = args.log_level.upper()
+    logging.basicConfig(level=level if level == "DEBUG" else "WARNING",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("trainer").setLevel(level)
     args.run(args)
     return 0
 

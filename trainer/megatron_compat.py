@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,15 +71,6 @@ _CUDA_DEVICE_MODULES: dict[str, str] = {
 _FACTORIES = frozenset({"empty", "zeros", "ones", "full", "tensor", "arange", "rand", "randn", "randint"})
 
 _applied = False
-
-
-def quiet_import_warnings() -> None:
-    """Silence megatron-core's import-time notes that TE/apex are missing and torch is used.
-
-    On a CPU host that fallback is the expected path, not something a user can act on;
-    call this before the first megatron import of a command-line run.
-    """
-    warnings.filterwarnings("ignore", message=r".*(Transformer Engine|Apex).*not installed", category=UserWarning)
 
 
 def cuda_present() -> bool:

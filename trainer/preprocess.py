@@ -43,9 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def preprocess(inputs: Sequence[Path | str], tokenizer_dir: Path | str, out: Path | str,
                text_key: str = "text") -> PreprocessResult:
     """Tokenize every document of ``inputs`` into ``out.bin``/``out.idx``."""
-    from trainer import megatron_compat
-
-    megatron_compat.quiet_import_warnings()
     from megatron.core.datasets.indexed_dataset import (
         IndexedDatasetBuilder,
         get_bin_path,

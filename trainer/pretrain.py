@@ -49,9 +49,6 @@ def resolve_vocab(cfg: PretrainConfig) -> PretrainConfig:
 
 def pretrain(cfg: PretrainConfig):  # noqa: ANN201 - returns trainer.loop.TrainResult (imported lazily)
     """Run a pretraining job in this process (one rank of it under torchrun)."""
-    from trainer import megatron_compat
-
-    megatron_compat.quiet_import_warnings()
     from trainer import parallel
     from trainer.data.gpt import GPTBatches, build_train_dataset, check_dataset_paths
     from trainer.loop import train

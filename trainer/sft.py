@@ -66,9 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sft(cfg: SFTConfig):  # noqa: ANN201 - returns trainer.loop.TrainResult (imported lazily)
     """Run a fine-tuning job in this process (one rank of it under torchrun)."""
-    from trainer import megatron_compat
-
-    megatron_compat.quiet_import_warnings()
     from trainer import checkpoint, parallel
     from trainer.data.sft import (
         SFTBatches,

@@ -17,7 +17,7 @@ import trainer.collect_demos as cd
 from benchmarks.registry import get_suite
 from benchmarks.suite import EpisodeEnv, Suite, TaskSpec, canonical_observation
 from trainer.collect_demos import CollectionError, collect_demos
-from trainer.data.lerobot import DatasetError, Episode, LeRobotDataset, write_dataset
+from trainer.data.lerobot import DatasetError, Episode, DemonstrationDataset, write_dataset
 
 REACH = "metaworld-mt1-reach"
 
@@ -92,7 +92,7 @@ def test_stats_match_the_data(reach_demos):
 
 def test_read_back_matches_the_simulator(reach_demos):
     out, _ = reach_demos
-    ds = LeRobotDataset(out)
+    ds = DemonstrationDataset(out)
     assert len(ds) == 2 and (ds.state_dim, ds.action_dim, ds.fps) == (39, 4, 80.0)
     assert ds.tasks == ["reach-v3"] and ds.instructions["reach-v3"] == "reach the goal position"
     suite = get_suite(REACH)
@@ -128,7 +128,7 @@ def test_resume_after_interruption_and_extend(tmp_path, reach_demos):
     assert data_table(out).equals(data_table(done))
     report = collect_demos(REACH, out, 3, workers=1, show_progress=False)
     assert report.new_attempts == 1 and report.episodes == 3
-    assert [ep.seed for ep in LeRobotDataset(out)] == [0, 1, 2]
+    assert [ep.seed for ep in DemonstrationDataset(out)] == [0, 1, 2]
 
 
 def test_parallel_workers_write_the_same_dataset(tmp_path, reach_demos):
@@ -203,7 +203,7 @@ def test_only_successes_are_kept_and_rates_are_reported(tmp_path, monkeypatch):
     (task,) = report.tasks
     assert (task.attempts, task.successes, task.kept) == (6, 4, 4)
     assert task.success_rate == pytest.approx(4 / 6)
-    ds = LeRobotDataset(tmp_path / "coin")
+    ds = DemonstrationDataset(tmp_path / "coin")
     assert [ep.seed for ep in ds] == [1, 2, 4, 5] and all(ep.length == 3 for ep in ds)
     # A cap on attempts leaves the task short and says so, without failing.
     report = collect_demos("toy-coin", tmp_path / "capped", 4, max_attempts=4, workers=1, show_progress=False)
@@ -234,16 +234,16 @@ def dataset_copy(tmp_path, reach_demos) -> Path:
 def test_refuses_missing_metadata(dataset_copy, missing):
     (dataset_copy / missing).unlink()
     with pytest.raises(DatasetError, match=f"{missing}: missing"):
-        LeRobotDataset(dataset_copy)
+        DemonstrationDataset(dataset_copy)
 
 
 def test_refuses_missing_episode_metadata_and_data(dataset_copy):
     (dataset_copy / "data/chunk-000/file-000.parquet").unlink()
     with pytest.raises(DatasetError, match=r"file-000.parquet: data file missing \(episodes \[0, 1\]"):
-        LeRobotDataset(dataset_copy)
+        DemonstrationDataset(dataset_copy)
     shutil.rmtree(dataset_copy / "meta/episodes")
     with pytest.raises(DatasetError, match="no episode metadata"):
-        LeRobotDataset(dataset_copy)
+        DemonstrationDataset(dataset_copy)
 
 
 def _rewrite_state(root: Path, episode: int, frame: int, value: float) -> None:
@@ -260,7 +260,7 @@ def test_refuses_nan_naming_file_and_episode(dataset_copy):
     _rewrite_state(dataset_copy, episode=1, frame=4, value=np.nan)
     with pytest.raises(DatasetError, match=r"data/chunk-000/file-000.parquet, episode 1: 'observation.state' "
                                            r"has NaN or infinity at frame 4"):
-        LeRobotDataset(dataset_copy)
+        DemonstrationDataset(dataset_copy)
 
 
 def test_refuses_mismatched_dimensions(dataset_copy):
@@ -269,7 +269,7 @@ def test_refuses_mismatched_dimensions(dataset_copy):
     info["features"]["action"]["shape"] = [5]
     info_path.write_text(json.dumps(info))
     with pytest.raises(DatasetError, match=r"stats.json: 'action' min has 4 values, info.json says 5"):
-        LeRobotDataset(dataset_copy)
+        DemonstrationDataset(dataset_copy)
     stats_path = dataset_copy / "meta/stats.json"
     stats = json.loads(stats_path.read_text())
     for name in ("min", "max", "mean", "std"):
@@ -277,7 +277,7 @@ def test_refuses_mismatched_dimensions(dataset_copy):
     stats_path.write_text(json.dumps(stats))
     with pytest.raises(DatasetError, match=r"file-000.parquet, episode 0: 'action' has 4 values at frame 0, "
                                            r"info.json says 5"):
-        LeRobotDataset(dataset_copy)
+        DemonstrationDataset(dataset_copy)
 
 
 def test_refuses_episode_length_mismatch(dataset_copy):
@@ -285,7 +285,7 @@ def test_refuses_episode_length_mismatch(dataset_copy):
     table = pq.read_table(path)
     pq.write_table(table.slice(0, table.num_rows - 1), path)
     with pytest.raises(DatasetError, match=r"file-000.parquet, episode 1: \d+ frames, the episode metadata says"):
-        LeRobotDataset(dataset_copy)
+        DemonstrationDataset(dataset_copy)
 
 
 def test_writer_splits_and_round_trips(tmp_path, monkeypatch):
@@ -299,7 +299,7 @@ def test_writer_splits_and_round_trips(tmp_path, monkeypatch):
     info = write_dataset(tmp_path / "ds", episodes, fps=10, tasks={"a": "do a", "b": "do b"})
     assert info["total_frames"] == 11
     assert (tmp_path / "ds/data/chunk-000/file-002.parquet").is_file()
-    ds = LeRobotDataset(tmp_path / "ds")
+    ds = DemonstrationDataset(tmp_path / "ds")
     assert [(ep.task, ep.task_index, ep.length, ep.seed) for ep in ds] == [("a", 0, 4, 0), ("b", 1, 2, 1),
                                                                          ("a", 0, 5, 2)]
     for ep, orig in zip(ds, episodes, strict=True):
@@ -309,13 +309,13 @@ def test_writer_splits_and_round_trips(tmp_path, monkeypatch):
 
 def test_reads_lerobot_tasks_parquet_in_place_of_tasks_jsonl(dataset_copy):
     """LeRobot's own v3 writer keeps tasks in meta/tasks.parquet with the text as pandas index."""
-    original = LeRobotDataset(dataset_copy)
+    original = DemonstrationDataset(dataset_copy)
     jsonl = dataset_copy / "meta" / "tasks.jsonl"
     rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     jsonl.unlink()
     pq.write_table(pa.table({"task_index": [r["task_index"] for r in rows],
                              "__index_level_0__": [r["task"] for r in rows]}),
                    dataset_copy / "meta" / "tasks.parquet")
-    again = LeRobotDataset(dataset_copy)
+    again = DemonstrationDataset(dataset_copy)
     assert again.tasks == original.tasks
     assert [e.task for e in again.episodes] == [e.task for e in original.episodes]

@@ -24,7 +24,7 @@ be written without pandas), and episode rows carry no per-episode stats columns.
 A task is the task *name* a policy sees in its observation (``reach-v3``); its
 natural-language instruction sits beside it in ``tasks.jsonl``.
 
-``LeRobotDataset(path)`` reads it all back into per-episode arrays and refuses a
+``DemonstrationDataset(path)`` reads it all back into per-episode arrays and refuses a
 dataset with missing metadata, dimensions that disagree with ``info.json``, or a
 NaN/infinity anywhere, naming the file and the episode.
 """
@@ -293,8 +293,9 @@ def _stats(values: np.ndarray) -> dict[str, list[float] | list[int]]:
 # --------------------------------------------------------------------------- reader
 
 
-class LeRobotDataset:
-    """A LeRobot v3 dataset on disk, read whole into per-episode arrays.
+class DemonstrationDataset:
+    """A LeRobot v3 dataset of demonstrations on disk, read whole into per-episode arrays (named apart
+    from LeRobot's own ``LeRobotDataset``, which loads the same layout lazily with torch).
 
     ``dataset.episodes[i]`` is an ``Episode`` with ``state`` [T, D] and ``action``
     [T, A] (float32); ``dataset.stats`` is meta/stats.json; ``dataset.tasks`` the
