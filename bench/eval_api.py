@@ -28,9 +28,7 @@ import argparse
 import os
 import platform
 import secrets
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,11 +41,11 @@ from sqlalchemy.engine import make_url
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from services.protocol.launcher import free_port  # noqa: E402
 from services.store import migrate  # noqa: E402
 from services.store.api_keys import create_api_key  # noqa: E402
-from services.store.db import make_engine, make_session_factory  # noqa: E402
+from services.store.db import create_db_engine, make_session_factory  # noqa: E402
 from services.store.queries import finalize_evaluation_if_done  # noqa: E402
+from services.supervisor import ChildProcess, free_port  # noqa: E402
 
 BASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
@@ -85,7 +83,7 @@ def drop_database(database_url: str) -> None:
 def fill(database_url: str, evaluations: int, per_task: int) -> dict[str, float]:
     """Policies, evaluations and their episodes; returns seconds per phase."""
     timings = {}
-    engine = make_engine(url=database_url)
+    engine = create_db_engine(url=database_url)
     tasks_json = "[" + ", ".join(f'"{t}"' for t in MT10) + "]"
     tasks_array = "ARRAY[" + ", ".join(f"'{t}'" for t in MT10) + "]"
     per_evaluation = per_task * len(MT10)
@@ -146,23 +144,16 @@ def fill(database_url: str, evaluations: int, per_task: int) -> dict[str, float]
     return timings
 
 
-def serve(database_url: str, queue: str) -> tuple[subprocess.Popen, str]:
+def serve(database_url: str, queue: str, log_dir: Path | None = None) -> tuple[ChildProcess, str]:
+    """``evalforge api`` on a free port against ``database_url``, once ``/readyz`` answers; (process, base URL)."""
     port = free_port()
     env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": REDIS_URL, "EVALFORGE_EPISODE_QUEUE": queue,
            "EVALFORGE_MAX_EPISODES_PER_EVALUATION": "10000"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "api", "--port", str(port), "--log-level",
-                             "warning"], cwd=REPO, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("evalforge api did not become ready")
-        time.sleep(0.2)
+    log_path = (log_dir or REPO / "runs" / "bench") / f"api-{port}.log"
+    api = ChildProcess([sys.executable, "-m", "services.cli", "api", "--port", str(port), "--log-level", "warning"],
+                       log_path, health=f"{base}/readyz", env=env, cwd=REPO, startup_timeout_s=60)
+    return api.start().wait_healthy(), base
 
 
 def timed(client: httpx.Client, requests: list[tuple[str, str, dict]], expect: int) -> list[float]:
@@ -190,7 +181,7 @@ def main() -> None:
     try:
         migrate.upgrade(database_url)
         setup = fill(database_url, args.evaluations, args.episodes_per_task)
-        engine = make_engine(url=database_url)
+        engine = create_db_engine(url=database_url)
         with make_session_factory(engine)() as session:
             _, key = create_api_key(session, "bench")
             rows = session.execute(text("SELECT count(*) FROM episodes")).scalar_one()
@@ -243,8 +234,7 @@ def main() -> None:
                   f"{'—' if target is None else f'≤ {target} ms'} | {met} |")
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+            proc.stop()
         broker.delete(*(broker.keys(f"*{queue}*") or [queue]))
         drop_database(database_url)
 

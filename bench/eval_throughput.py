@@ -32,7 +32,7 @@ inside each timed block, as it does on every call. Replays are off
 
 Prints one row per path: workers, episodes, wall s, episodes/min, mean per-episode s
 (wall × workers / episodes: worker-seconds per episode), the part of it spent inside
-the episode loop (``run_episode``'s own duration) and outside it (claiming, recording,
+the episode loop (``run_policy_episode``'s own duration) and outside it (claiming, recording,
 dispatch), the mean policy-server round trip, overhead vs sequential, success rate; then whether per-seed outcomes (success, and steps) agree
 with the sequential path.
 
@@ -46,7 +46,6 @@ import argparse
 import os
 import platform
 import secrets
-import signal
 import statistics
 import subprocess
 import sys
@@ -68,11 +67,11 @@ from eval_api import REDIS_URL, create_database, drop_database, serve  # noqa: E
 
 from benchmarks.registry import get_suite  # noqa: E402
 from benchmarks.suite import evaluation_seed  # noqa: E402
-from services.protocol.launcher import PolicyServerProcess  # noqa: E402
 from services.store import migrate  # noqa: E402
 from services.store.api_keys import create_api_key  # noqa: E402
 from services.store.db import create_db_engine, make_session_factory  # noqa: E402
 from services.store.models import Episode, Evaluation  # noqa: E402
+from services.supervisor import ChildProcess, PolicyServerProcess  # noqa: E402
 
 SUITE, TASK = "metaworld-mt1-reach", "reach-v3"
 CHECKPOINT = REPO / "runs/vla-reach-fast/policy"
@@ -140,27 +139,18 @@ class WorkerProcess:
     """An ``evalforge worker --concurrency 1`` subprocess on the scratch database and queue."""
 
     def __init__(self, name: str, database_url: str, queue: str, log_dir: Path) -> None:
-        self.log_path = log_dir / f"worker-{name}.log"
+        log_path = log_dir / f"worker-{name}.log"
         env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": REDIS_URL, "EVALFORGE_EPISODE_QUEUE": queue,
-               "EVALFORGE_REPLAY_EPISODES": "0", "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen(
+               "EVALFORGE_REPLAY_EPISODES": "0"}
+        self.process = ChildProcess(
             [sys.executable, "-m", "services.cli", "worker", "--concurrency", "1", "--loglevel", "info",
              "--hostname", f"bench-{name}@%h"],
-            cwd=REPO, env=env, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while "ready." not in self.log_path.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"evalforge worker did not start:\n{self.log_path.read_text()[-3000:]}")
-            time.sleep(0.2)
+            log_path, health=lambda: "ready." in log_path.read_text(errors="replace"), env=env, cwd=REPO,
+            startup_timeout_s=120)
+        self.process.start().wait_healthy()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        self.process.stop()
 
 
 class Fleet:
@@ -314,8 +304,7 @@ def main() -> None:
     finally:
         fleet.stop()
         if api is not None:
-            api.send_signal(signal.SIGTERM)
-            api.wait(30)
+            api.stop()
         server.stop()
         broker = redis.Redis.from_url(REDIS_URL)
         broker.delete(*(broker.keys(f"*{queue}*") or [queue]))

@@ -30,7 +30,6 @@ import argparse
 import os
 import platform
 import secrets
-import signal
 import statistics
 import sys
 import time
@@ -44,7 +43,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.eval_api import MT10, create_database, drop_database, percentile, serve  # noqa: E402
 from services.store import migrate  # noqa: E402
-from services.store.db import make_engine, make_session_factory  # noqa: E402
+from services.store.db import create_db_engine, make_session_factory  # noqa: E402
 from services.store.queries import finalize_evaluation_if_done  # noqa: E402
 
 CHROMIUM = os.environ.get("BENCH_CHROMIUM", "/usr/bin/chromium")
@@ -54,7 +53,7 @@ TARGET_MS = 300
 
 def fill(database_url: str, policies: int) -> dict[str, int]:
     """The rows described above; returns the ids the pages are timed on."""
-    engine = make_engine(url=database_url)
+    engine = create_db_engine(url=database_url)
     tasks_json = "[" + ", ".join(f'"{t}"' for t in MT10) + "]"
     tasks_array = "ARRAY[" + ", ".join(f"'{t}'" for t in MT10) + "]"
     small, big = 10, 100  # episodes per task
@@ -170,7 +169,7 @@ def main() -> None:
         start = time.perf_counter()
         ids = fill(database_url, args.policies)
         fill_s = time.perf_counter() - start
-        engine = make_engine(url=database_url)
+        engine = create_db_engine(url=database_url)
         with engine.connect() as connection:
             episodes = connection.execute(text("SELECT count(*) FROM episodes")).scalar_one()
         engine.dispose()
@@ -213,8 +212,7 @@ def main() -> None:
                       f"p50 {statistics.median(reveal):.1f} ms, min {min(reveal):.1f} ms")
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+            proc.stop()
         drop_database(database_url)
 
 

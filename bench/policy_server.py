@@ -46,10 +46,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from policy_format import load_checkpoint  # noqa: E402
 from services.policy_server.engines import EngineSettings, VllmEngine, pin_threads  # noqa: E402
-from services.policy_server.policy_format import load_policy_spec  # noqa: E402
 from services.protocol.client import AsyncPolicyClient, ClientSettings  # noqa: E402
-from services.protocol.launcher import PolicyServerProcess  # noqa: E402
+from services.supervisor import PolicyServerProcess  # noqa: E402
 from trainer.cli import main as trainer_main  # noqa: E402
 
 CONCURRENCY = (1, 8, 32, 64)
@@ -147,10 +147,10 @@ class RawEngine:
     """vLLM ``AsyncLLM`` driven in this process with the server's prompts and sampling parameters."""
 
     def __init__(self, checkpoint: Path, settings: EngineSettings) -> None:
-        self.spec = load_policy_spec(checkpoint)
+        self.spec = load_checkpoint(checkpoint)
         self.engine = VllmEngine(self.spec, settings)
-        tasks = list(self.spec.tasks)
-        self.prompts = [self.spec.prompt_tokens(s, tasks[i % len(tasks)]) for i, s in enumerate(_states(256))]
+        tasks = self.spec.tokenizer.tasks
+        self.prompts = [self.spec.tokenizer.prompt(tasks[i % len(tasks)], s) for i, s in enumerate(_states(256))]
         self.ids = itertools.count()
 
     async def start(self) -> RawEngine:

@@ -51,7 +51,7 @@ import numpy as np
 from benchmarks.suite import (
     EpisodeEnv,
     ExpertPolicy,
-    Observation,
+    SimObservation,
     Suite,
     TaskSpec,
     canonical_observation,
@@ -162,12 +162,12 @@ class MetaWorldEnv(EpisodeEnv):
         self._env = env
         self._renderer: Any = None  # mujoco.Renderer, made on the first render_frame()
 
-    def _reset(self, seed: int) -> Observation:
+    def _reset(self, seed: int) -> SimObservation:
         self._env.np_random = _task_rng(self.task, seed)
         state, _ = self._env.reset()
         return canonical_observation(state, self.task)
 
-    def _step(self, action: np.ndarray) -> tuple[Observation, float, bool, dict[str, Any]]:
+    def _step(self, action: np.ndarray) -> tuple[SimObservation, float, bool, dict[str, Any]]:
         state, reward, _, _, info = self._env.step(action)
         success = bool(info.get("success", 0.0))
         return canonical_observation(state, self.task), float(reward), success, {
@@ -218,7 +218,7 @@ def _make_expert(suite: Suite, task: str) -> ExpertPolicy:
     policy = ENV_POLICY_MAP[task]()
     low, high = suite.action_low_array, suite.action_high_array
 
-    def expert(obs: Observation) -> np.ndarray:
+    def expert(obs: SimObservation) -> np.ndarray:
         # MetaWorld's policies warn whenever their P-controller asks for more than the
         # action bounds; the env clips anyway, so the warning is noise in a demo run.
         with warnings.catch_warnings():

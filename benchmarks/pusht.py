@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.suite import EpisodeEnv, Observation, Suite, TaskSpec, canonical_observation
+from benchmarks.suite import EpisodeEnv, SimObservation, Suite, TaskSpec, canonical_observation
 
 TASK = "push-t"
 MAX_STEPS = 300
@@ -45,11 +45,11 @@ class PushTEnv(EpisodeEnv):
         # render_mode=None: state observations need no drawing surface.
         self._env = GymPushT(obs_type="state", render_mode=None)
 
-    def _reset(self, seed: int) -> Observation:
+    def _reset(self, seed: int) -> SimObservation:
         state, _ = self._env.reset(seed=seed)
         return canonical_observation(state, self.task)
 
-    def _step(self, action: np.ndarray) -> tuple[Observation, float, bool, dict[str, Any]]:
+    def _step(self, action: np.ndarray) -> tuple[SimObservation, float, bool, dict[str, Any]]:
         state, reward, terminated, _, info = self._env.step(action.astype(np.float64))
         return canonical_observation(state, self.task), float(reward), bool(terminated), {
             "coverage": float(info["coverage"])}

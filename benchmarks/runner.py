@@ -1,6 +1,6 @@
 """Playing one episode of a suite with any policy: the loop every evaluation path shares.
 
-``run_episode(env, policy, seed=...)`` resets the environment to ``seed``'s initial
+``run_policy_episode(env, policy, seed=...)`` resets the environment to ``seed``'s initial
 state, then asks ``policy(obs)`` for an action and steps, until the task succeeds
 or its step limit ends the episode. The policy is any callable — a scripted
 expert, an in-process model, or a remote policy server behind an action-chunk
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.suite import EpisodeEnv, Observation
+from benchmarks.suite import EpisodeEnv, SimObservation
 
-Policy = Callable[[Observation], np.ndarray]
+Policy = Callable[[SimObservation], np.ndarray]
 
 
 class EnvFailure(RuntimeError):
@@ -39,7 +39,7 @@ class EpisodeOutcome:
     duration_s: float
 
 
-def run_episode(env: EpisodeEnv, policy: Policy, *, seed: int,
+def run_policy_episode(env: EpisodeEnv, policy: Policy, *, seed: int,
                 on_step: Callable[[int], None] | None = None) -> EpisodeOutcome:
     """Play one episode from ``seed``'s initial state with ``policy``."""
     start = time.perf_counter()

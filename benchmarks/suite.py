@@ -13,7 +13,7 @@ caller needs goes through a ``Suite``:
 - ``suite.expert(task)`` → a scripted policy, ``obs -> action``, or
   ``NoExpertError`` when the simulator has none.
 
-Observations are canonical (the wire protocol's ``Observation``):
+Observations are canonical (the wire protocol's ``SimObservation``):
 ``{"state": float32[state_dim], "task": task_name}`` plus, optionally,
 ``"images": {camera: uint8[H, W, C]}``.
 
@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-Observation = dict[str, Any]
+SimObservation = dict[str, Any]
 """``{"state": float32[D], "task": str}`` and optionally ``"images"``."""
 
-ExpertPolicy = Callable[[Observation], np.ndarray]
+ExpertPolicy = Callable[[SimObservation], np.ndarray]
 """A scripted policy: canonical observation in, float32 action of ``action_dim`` out."""
 
 # Demonstrations use seeds below EVAL_SEED_START; evaluations use seeds from it upward.
@@ -84,7 +84,7 @@ class TaskSpec:
 class StepResult:
     """What ``EpisodeEnv.step`` returns."""
 
-    obs: Observation
+    obs: SimObservation
     reward: float
     success: bool
     done: bool
@@ -92,9 +92,9 @@ class StepResult:
 
 
 def canonical_observation(state: np.ndarray, task: str,
-                          images: Mapping[str, np.ndarray] | None = None) -> Observation:
+                          images: Mapping[str, np.ndarray] | None = None) -> SimObservation:
     """The canonical observation dict: contiguous float32 state, task name, optional images."""
-    obs: Observation = {"state": np.ascontiguousarray(state, dtype=np.float32), "task": task}
+    obs: SimObservation = {"state": np.ascontiguousarray(state, dtype=np.float32), "task": task}
     if images:
         obs["images"] = dict(images)
     return obs
@@ -115,7 +115,7 @@ class EpisodeEnv(ABC):
         self.steps = 0
         self._done = True
 
-    def reset(self, seed: int | None = None) -> Observation:
+    def reset(self, seed: int | None = None) -> SimObservation:
         """Start an episode from ``seed``'s initial state (default: the seed this env was made with)."""
         if seed is not None:
             self.seed = _check_seed(seed)
@@ -155,11 +155,11 @@ class EpisodeEnv(ABC):
         self.close()
 
     @abstractmethod
-    def _reset(self, seed: int) -> Observation:
+    def _reset(self, seed: int) -> SimObservation:
         """Put the simulator in ``seed``'s initial state; return the canonical observation."""
 
     @abstractmethod
-    def _step(self, action: np.ndarray) -> tuple[Observation, float, bool, dict[str, Any]]:
+    def _step(self, action: np.ndarray) -> tuple[SimObservation, float, bool, dict[str, Any]]:
         """Apply a clipped float32 action; return (obs, reward, success, info)."""
 
 

@@ -1,7 +1,7 @@
 """`make demo`: the main job end to end on embedded defaults.
 
 1. collect scripted-expert demonstrations on MetaWorld reach (``trainer collect-demos``);
-2. train the fast behaviour-cloning recipe (``trainer vla configs/vla-reach-fast.yaml``),
+2. train the fast behaviour-cloning recipe (``trainer vla --config configs/vla-reach-fast.yaml``),
    which exports the policy checkpoint (Hugging Face weights + ``policy.json``);
 3. start the stack (``evalforge up``: eval API, worker, sweeper and a vLLM policy server
    for the checkpoint, on SQLite and the embedded broker), which registers the policy;
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -34,7 +33,9 @@ from rich.console import Console
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.client import EvalForgeClient, print_leaderboard, print_results  # noqa: E402
+from services.cli.render import print_leaderboard, print_results, watch_with_progress  # noqa: E402
+from services.client import EvalForgeClient  # noqa: E402
+from services.supervisor import ChildProcess, StartupError  # noqa: E402
 
 SUITE = "metaworld-mt1-reach"
 RECIPE = ROOT / "configs" / "vla-reach-fast.yaml"
@@ -80,7 +81,7 @@ def train(console: Console, args: argparse.Namespace, demos: Path, run_dir: Path
         console.print(f"[2/5] training: reusing the policy in {policy}")
         return policy
     console.print(f"[2/5] training {RECIPE.relative_to(ROOT)} on {demos} → {policy}")
-    command = [sys.executable, "-m", "trainer.cli", "vla", str(RECIPE), "--resume", "auto",
+    command = [sys.executable, "-m", "trainer.cli", "vla", "--config", str(RECIPE), "--resume", "auto",
                "--run_dir", str(run_dir), "--data.path", str(demos)]
     if args.train_steps:
         command += ["--schedule.train_steps", str(args.train_steps),
@@ -92,49 +93,36 @@ def train(console: Console, args: argparse.Namespace, demos: Path, run_dir: Path
 
 
 class StackProcess:
-    """``evalforge up`` in the background, its output in ``RUN_DIR/up.log``."""
+    """``evalforge up`` in the background (a ``ChildProcess``), its output in ``RUN_DIR/up.log``."""
 
     def __init__(self, args: argparse.Namespace, policy: Path, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.state_file = run_dir / "stack.json"
         run_dir.mkdir(parents=True, exist_ok=True)
         self.state_file.unlink(missing_ok=True)
-        self.log_path = run_dir / "up.log"
         command = [sys.executable, "-m", "services.cli", "up", "--checkpoint", f"{POLICY_NAME}={policy}",
                    "--engine", args.engine, "--workers", str(args.workers), "--run-dir", str(run_dir),
                    "--port", str(args.port), "--policy-port", str(args.policy_port)]
         env = {**os.environ, "DATABASE_URL": os.environ.get("DATABASE_URL")
                or f"sqlite:///{(args.root / 'evalforge.db').resolve()}"}
-        with self.log_path.open("wb") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        # SIGTERM lets `evalforge up` stop its own children; the grace covers their drains.
+        self.process = ChildProcess(command, run_dir / "up.log", health=self.ready, env=env, cwd=ROOT,
+                                    grace_s=60, startup_timeout_s=900).start()
 
-    def wait_ready(self, console: Console, timeout_s: float = 900) -> dict:
-        deadline = time.monotonic() + timeout_s
+    def ready(self) -> bool:
+        return self.state_file.is_file() and json.loads(self.state_file.read_text()).get("status") == "ready"
+
+    def wait_ready(self, console: Console) -> dict:
         with console.status("starting the API, a worker, the sweeper and the policy server "
                             f"(logs in {self.run_dir / 'logs'})…"):
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    raise SystemExit(f"demo: evalforge up exited with {self.proc.returncode}:\n{self.tail()}")
-                if self.state_file.is_file():
-                    state = json.loads(self.state_file.read_text())
-                    if state.get("status") == "ready":
-                        return state
-                time.sleep(0.5)
-        raise SystemExit(f"demo: the stack was not ready after {timeout_s:.0f} s:\n{self.tail()}")
-
-    def tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
-
-    def stop(self, timeout_s: float = 60) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        return self.proc.returncode
+                self.process.wait_healthy(poll_s=0.5)
+            except StartupError as exc:
+                raise SystemExit(f"demo: the stack did not come up: {exc}") from None
+        return json.loads(self.state_file.read_text())
+
+    def stop(self) -> int | None:
+        return self.process.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
                       "on held-out seeds")
         evaluation = client.submit_evaluation(policy_id, SUITE, args.episodes_per_task, max_steps=args.max_steps,
                                               tags=["demo"])
-        detail = client.watch_evaluation(evaluation["id"], console=console, poll_s=0.5)
+        detail = watch_with_progress(client, evaluation.id, console=console, poll_s=0.5)
 
-        console.print(f"[5/5] results of evaluation {detail['id']} (GET /evaluations/{detail['id']}):")
+        console.print(f"[5/5] results of evaluation {detail.id} (GET /evaluations/{detail.id}):")
         print_results(detail, console)
         board = client.leaderboard(SUITE, include_nonstandard=args.max_steps is not None)
         console.print(f"Leaderboard for {SUITE} (GET /leaderboard?suite={SUITE}, from the database):")
@@ -175,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"The stack keeps running: source {stack.run_dir / 'stack.env'} and try "
                           "`evalforge eval list`; Ctrl-C stops it.")
             try:
-                stack.proc.wait()
+                stack.process.proc.wait()
             except KeyboardInterrupt:
                 pass
-        return 0 if detail["status"] == "finished" else 1
+        return 0 if detail.status == "finished" else 1
     finally:
         stack.stop()
 

@@ -14,17 +14,17 @@ What it starts, in order, after applying the database migrations:
 Embedded defaults, nothing to install beyond ``make setup``: the store is the SQLite
 file of ``DATABASE_URL``'s default, and when neither ``REDIS_URL`` nor
 ``EVALFORGE_BROKER_URL`` is set, the Celery broker is the embedded filesystem broker
-under ``RUN_DIR/broker`` (``services/broker.py``). Set ``DATABASE_URL`` and
+under ``RUN_DIR/broker`` (``services/queue.py``). Set ``DATABASE_URL`` and
 ``REDIS_URL`` to run the same processes on PostgreSQL and Redis.
 
-Supervision (:class:`Supervisor`): each process runs in its own session (process
-group), so Ctrl-C reaches only the supervisor, which then stops the children in
-reverse order — SIGTERM (the API and policy servers drain, Celery finishes its
-current episode), SIGKILL after ``--grace`` seconds. A child that exits is started
-again after a back-off that doubles from 1 s to 30 s and resets once it has stayed up
-for a minute; a child with a health URL that stops answering three checks in a row,
-or never answers within its start-up budget, is killed and restarted the same way.
-Every child's output goes to ``RUN_DIR/logs/NAME.log`` (appended across restarts).
+Supervision is ``services.supervisor.Supervisor``'s: each process runs in a process group
+of its own, so Ctrl-C reaches only ``evalforge up``, which then stops the children in reverse
+order — SIGTERM to each group (the API and policy servers drain, Celery finishes its current
+episode), SIGKILL to the group after ``--grace`` seconds. A child that exits is started again
+after a back-off that doubles from 1 s to 30 s and resets once it has stayed up for a minute;
+a child with a health URL that stops answering three checks in a row, or never answers within
+its start-up budget, is killed and restarted the same way. Every child's output goes to
+``RUN_DIR/logs/NAME.log`` (appended across restarts).
 
 The stack writes ``RUN_DIR/stack.json`` (URLs, pids, registered policies; rewritten
 on every change, ``"status": "ready"`` once everything is up), ``RUN_DIR/api-key``
@@ -40,237 +40,16 @@ import json
 import logging
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from services.supervisor import ProcessSpec, Supervisor
 
 log = logging.getLogger("evalforge.up")
-
-BACKOFF_START_S = 1.0
-BACKOFF_MAX_S = 30.0
-STABLE_AFTER_S = 60.0
-HEALTH_EVERY_S = 2.0
-UNHEALTHY_AFTER = 3
-
-
-@dataclass
-class ProcessSpec:
-    """One supervised child: its command line and how to tell it is healthy."""
-
-    name: str
-    argv: list[str]
-    health_url: str | None = None
-    """An HTTP URL that answers 200 while the process is healthy; ``None``: alive is healthy."""
-    startup_timeout_s: float = 120.0
-    """How long after a (re)start the health URL may stay silent before the process is restarted."""
-    env: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class ChildState:
-    """What the supervisor knows of one child."""
-
-    spec: ProcessSpec
-    proc: subprocess.Popen | None = None
-    started_at: float = 0.0
-    restarts: int = 0
-    backoff_s: float = BACKOFF_START_S
-    restart_at: float | None = None
-    healthy: bool = False
-    failed_checks: int = 0
-    next_check_at: float = 0.0
-    last_exit: int | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
-
-
-def _http_ok(url: str, timeout_s: float = 2.0) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url, timeout=timeout_s).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-class Supervisor:
-    """Starts, watches, restarts and stops a set of child processes (see the module docstring)."""
-
-    def __init__(self, specs: Sequence[ProcessSpec], log_dir: Path, *, env: dict[str, str] | None = None,
-                 on_change: Callable[[Supervisor], None] | None = None,
-                 health_check: Callable[[str], bool] = _http_ok, backoff_start_s: float = BACKOFF_START_S,
-                 backoff_max_s: float = BACKOFF_MAX_S, stable_after_s: float = STABLE_AFTER_S,
-                 health_every_s: float = HEALTH_EVERY_S, unhealthy_after: int = UNHEALTHY_AFTER) -> None:
-        names = [spec.name for spec in specs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"process names must be unique, got {names}")
-        self.children = {spec.name: ChildState(spec, backoff_s=backoff_start_s) for spec in specs}
-        self.backoff_start_s, self.backoff_max_s, self.stable_after_s = backoff_start_s, backoff_max_s, stable_after_s
-        self.health_every_s, self.unhealthy_after = health_every_s, unhealthy_after
-        self.log_dir = log_dir
-        self.env = dict(os.environ if env is None else env)
-        self.on_change = on_change
-        self.health_check = health_check
-        self.stopping = threading.Event()
-
-    # -- one child ------------------------------------------------------------------
-    def log_path(self, name: str) -> Path:
-        return self.log_dir / f"{name}.log"
-
-    def _start(self, child: ChildState) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        logfile: IO[bytes] = self.log_path(child.spec.name).open("ab")
-        logfile.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {child.spec.name} "
-                      f"(restart {child.restarts}): {' '.join(child.spec.argv)}\n".encode())
-        logfile.flush()
-        env = {**self.env, "PYTHONUNBUFFERED": "1", **child.spec.env}
-        # Own process group (killed as one), same session: see PolicyServerProcess.start.
-        try:
-            child.proc = subprocess.Popen(child.spec.argv, stdout=logfile, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=env, process_group=0)
-        finally:
-            logfile.close()  # the child holds its own descriptor
-        now = time.monotonic()
-        child.started_at, child.restart_at, child.healthy, child.failed_checks = now, None, False, 0
-        child.next_check_at = now + 0.5
-        log.info("started %s (pid %d)", child.spec.name, child.proc.pid)
-        self._changed()
-
-    def _schedule_restart(self, child: ChildState, why: str) -> None:
-        now = time.monotonic()
-        if now - child.started_at >= self.stable_after_s:
-            child.backoff_s = self.backoff_start_s
-        child.restart_at = now + child.backoff_s
-        child.healthy = False
-        log.warning("%s %s; restarting in %.0f s (log: %s)", child.spec.name, why, child.backoff_s,
-                    self.log_path(child.spec.name))
-        child.backoff_s = min(child.backoff_s * 2, self.backoff_max_s)
-        child.restarts += 1
-        self._changed()
-
-    def _kill(self, child: ChildState, grace_s: float) -> int | None:
-        proc = child.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            _signal_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0f s of SIGTERM; killing it", child.spec.name, grace_s)
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
-        # Celery's pool processes and vLLM's engine core live in the child's group: leave none behind.
-        _signal_group(proc, signal.SIGKILL)
-        return proc.returncode
-
-    def _check(self, child: ChildState) -> None:
-        now = time.monotonic()
-        if child.restart_at is not None:
-            if now >= child.restart_at and not self.stopping.is_set():
-                self._start(child)
-            return
-        proc = child.proc
-        if proc is None:
-            return
-        code = proc.poll()
-        if code is not None:
-            child.last_exit = code
-            _signal_group(proc, signal.SIGKILL)
-            self._schedule_restart(child, f"exited with code {code}")
-            return
-        if child.spec.health_url is None:
-            if not child.healthy:
-                child.healthy = True
-                self._changed()
-            return
-        if now < child.next_check_at:
-            return
-        child.next_check_at = now + self.health_every_s
-        if self.health_check(child.spec.health_url):
-            child.failed_checks = 0
-            if not child.healthy:
-                child.healthy = True
-                log.info("%s is healthy (%s)", child.spec.name, child.spec.health_url)
-                self._changed()
-            return
-        if child.healthy:
-            child.failed_checks += 1
-            if child.failed_checks >= self.unhealthy_after:
-                self._kill(child, grace_s=5.0)
-                self._schedule_restart(child, f"failed {child.failed_checks} health checks in a row")
-        elif now - child.started_at > child.spec.startup_timeout_s:
-            self._kill(child, grace_s=5.0)
-            self._schedule_restart(child, f"was not healthy within {child.spec.startup_timeout_s:.0f} s of starting")
-
-    # -- all of them ------------------------------------------------------------------
-    def start_all(self) -> None:
-        for child in self.children.values():
-            self._start(child)
-
-    def tick(self) -> None:
-        """One round of checks: restart what exited or went unhealthy."""
-        for child in self.children.values():
-            self._check(child)
-
-    def healthy(self, names: Sequence[str] | None = None) -> bool:
-        return all(self.children[name].healthy for name in (names or list(self.children)))
-
-    def wait_healthy(self, names: Sequence[str], timeout_s: float, poll_s: float = 0.25) -> bool:
-        """Supervise until ``names`` are healthy (True) or ``timeout_s`` passed or stop was asked (False)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.stopping.is_set() and time.monotonic() < deadline:
-            self.tick()
-            if self.healthy(names):
-                return True
-            self.stopping.wait(poll_s)
-        return False
-
-    def run(self, poll_s: float = 0.5, every: Callable[[], None] | None = None) -> None:
-        """Supervise until :meth:`request_stop`; ``every`` runs once per round."""
-        while not self.stopping.is_set():
-            self.tick()
-            if every is not None:
-                every()
-            self.stopping.wait(poll_s)
-
-    def request_stop(self) -> None:
-        self.stopping.set()
-
-    def stop_all(self, grace_s: float = 20.0) -> dict[str, int | None]:
-        """Stop every child, last started first; returns their exit codes."""
-        self.stopping.set()
-        codes = {}
-        for child in reversed(list(self.children.values())):
-            if child.proc is not None and child.proc.poll() is None:
-                log.info("stopping %s (pid %d)", child.spec.name, child.proc.pid)
-            codes[child.spec.name] = self._kill(child, grace_s)
-            child.healthy = False
-        self._changed()
-        return codes
-
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {name: {"pid": c.pid, "healthy": c.healthy, "restarts": c.restarts, "last_exit": c.last_exit,
-                       "health_url": c.spec.health_url, "log": str(self.log_path(name))}
-                for name, c in self.children.items()}
-
-    def _changed(self) -> None:
-        if self.on_change is not None:
-            self.on_change(self)
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 # -- the stack ----------------------------------------------------------------------
@@ -288,14 +67,14 @@ class PolicyCheckpoint:
 
 def parse_checkpoints(values: Sequence[str], first_port: int) -> list[PolicyCheckpoint]:
     """``[NAME=]DIR`` arguments → checkpoints with names (default: policy.json's) and ports."""
-    from services.policy_server.policy_format import CheckpointError, load_policy_spec
+    from policy_format import CheckpointError, load_checkpoint
 
     checkpoints = []
     for index, value in enumerate(values):
         name, _, directory = value.rpartition("=") if "=" in value else ("", "", value)
         path = Path(directory).expanduser().resolve()
         try:
-            spec = load_policy_spec(path)
+            spec = load_checkpoint(path)
         except (CheckpointError, OSError) as exc:
             raise SystemExit(f"evalforge up: --checkpoint {value}: {exc}") from None
         checkpoints.append(PolicyCheckpoint(name or spec.name, path, first_port + index))
@@ -308,7 +87,7 @@ def parse_checkpoints(values: Sequence[str], first_port: int) -> list[PolicyChec
 
 def stack_environment(run_dir: Path, environ: dict[str, str]) -> dict[str, str]:
     """The children's environment: the store and broker made explicit, embedded where not configured."""
-    from services.broker import embedded_broker_url
+    from services.queue import embedded_broker_url
     from services.store.settings import StoreSettings
 
     env = dict(environ)
@@ -327,10 +106,10 @@ def stack_environment(run_dir: Path, environ: dict[str, str]) -> dict[str, str]:
 def stack_api_key(run_dir: Path, database_url: str) -> str:
     """The stack's write key: the one in ``RUN_DIR/api-key`` if the store still accepts it, else a new one."""
     from services.store.api_keys import authenticate, create_api_key
-    from services.store.db import make_engine, make_session_factory, session_scope
+    from services.store.db import create_db_engine, make_session_factory, session_scope
 
     key_file = run_dir / "api-key"
-    engine = make_engine(url=database_url)
+    engine = create_db_engine(url=database_url)
     try:
         with session_scope(make_session_factory(engine)) as session:
             if key_file.is_file():
@@ -360,7 +139,7 @@ def build_specs(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) -
              "--engine-core", "compute"],
             health_url=f"http://127.0.0.1:{checkpoint.port}/readyz", startup_timeout_s=600))
     for index in range(args.workers):
-        worker = [*exe, "services.cli", "worker", "--hostname", f"up-worker-{index + 1}@%h", "--loglevel", "info"]
+        worker = [*exe, "services.cli", "worker", "--hostname", f"up-worker-{index + 1}@%h", "--log-level", "info"]
         if args.concurrency:
             worker += ["--concurrency", str(args.concurrency)]
         specs.append(ProcessSpec(f"worker-{index + 1}", worker))
@@ -402,13 +181,13 @@ class Stack:
         with EvalForgeClient(self.api_url, self.api_key) as client:
             for checkpoint in self.checkpoints:
                 policy = client.register_policy(checkpoint.name, checkpoint.endpoint)
-                self.registered[checkpoint.name] = policy
-                log.info("registered policy %s (id %s, version %s) at %s", checkpoint.name, policy["id"],
-                         policy.get("version"), checkpoint.endpoint)
+                self.registered[checkpoint.name] = policy.model_dump(mode="json")
+                log.info("registered policy %s (id %s, version %s) at %s", checkpoint.name, policy.id,
+                         policy.version, checkpoint.endpoint)
         self.write_state()
 
     def housekeeping(self) -> None:
-        from services.broker import prune_processed
+        from services.queue import prune_processed
 
         now = time.monotonic()
         if now - self._last_prune > 60:
@@ -470,33 +249,3 @@ def _hide_password(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True) if "://" in url and "@" in url else url
     except Exception:
         return url
-
-
-def add_up_verb(verbs: argparse._SubParsersAction) -> None:
-    up = verbs.add_parser("up", help="start the whole stack as supervised local processes (Ctrl-C stops it)",
-                          description=__doc__.split("\n\n")[0])
-    up.add_argument("--checkpoint", action="append", metavar="[NAME=]DIR",
-                    help="serve this policy checkpoint and register it (repeatable)")
-    up.add_argument("--engine", default="vllm", choices=["vllm", "hf"], help="policy-server engine (default vllm)")
-    up.add_argument("--workers", type=int, default=1, help="Celery worker processes (default 1)")
-    up.add_argument("--concurrency", type=int, help="episodes at once per worker (default: CPU cores)")
-    up.add_argument("--host", default="127.0.0.1", help="API bind address (default: loopback only)")
-    up.add_argument("--port", type=int, default=8080, help="API port (default 8080)")
-    up.add_argument("--policy-port", type=int, default=8000, help="first policy-server port (default 8000)")
-    up.add_argument("--run-dir", default="runs/stack", help="logs, stack.json, api-key (default runs/stack)")
-    up.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the stack to be up")
-    up.add_argument("--grace", type=float, default=30.0, help="seconds a process gets to stop before SIGKILL")
-    up.set_defaults(handler=_cmd_up)
-
-
-def _cmd_up(args: argparse.Namespace) -> int:
-    if args.workers < 0:
-        print(f"evalforge up: --workers must be 0 or more, got {args.workers}", file=sys.stderr)
-        return 2
-    if args.concurrency is not None and args.concurrency < 1:
-        print(f"evalforge up: --concurrency must be at least 1, got {args.concurrency}", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    for noisy in ("httpx", "alembic"):  # one line per health check or migration step is noise here
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    return Stack(args).up()

@@ -1,9 +1,11 @@
 """EvalForge's policy wire protocol: msgpack over WebSocket, openpi-compatible.
 
-A leaf package (msgpack, numpy and websockets only) that a simulator running in
-another Python environment can install alone. ``codec`` encodes frames,
-``messages`` defines what travels in them, ``client`` talks to a policy server,
-``launcher`` starts one (``policy-server`` as a subprocess) for tools and tests.
+A leaf package (msgpack, numpy and websockets only) and a distribution of its own
+(``pyproject.toml`` here): a simulator running in another Python environment installs
+it alone with ``pip install ./services/protocol`` and imports it by the same name,
+``services.protocol``. ``codec`` encodes frames, ``messages`` defines what travels in
+them, ``client`` talks to a policy server (and holds the retry back-off the workers use
+too). Starting a ``policy-server`` process is not protocol: ``services.supervisor``.
 """
 
 from services.protocol.codec import DEFAULT_LIMITS, Limits, ProtocolError, packb, unpackb

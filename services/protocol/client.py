@@ -60,6 +60,7 @@ __all__ = [
     "PolicyTimeout",
     "PolicyUnavailable",
     "ProtocolError",
+    "backoff_delays",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,10 @@ class ClientSettings:
 
 
 def backoff_delays(initial: float, maximum: float, rng: random.Random | None = None) -> Iterator[float]:
-    """Exponential backoff with full jitter: uniform(0, min(maximum, initial * 2**n))."""
+    """Exponential backoff with full jitter: uniform(0, min(maximum, initial * 2**n)) before retry n.
+
+    The one back-off of the project: the clients' reconnects and the workers' episode retries.
+    """
     rng = rng or random.Random()
     for attempt in itertools.count():
         yield rng.uniform(0.0, min(maximum, initial * (2**attempt)))

@@ -20,19 +20,15 @@ Anything wrong raises ``ProtocolError`` naming the problem. Decoded arrays are
 read-only views over the buffer msgpack's C unpacker produced for the frame: no
 per-array copy is made, as in openpi.
 
-An optional C extension, ``_speedups``, takes over the common cases of ``packb``,
-``unpackb``, the msgpack callbacks and the tree check when it is built
-(``ACCELERATED`` says so; ``EVALFORGE_PURE_PYTHON_CODEC=1`` turns it off). The
-module-level ``packb`` and ``unpackb`` are then its functions, with the same
-signatures and docstrings; the Python ones stay here as ``_py_packb`` and
-``_py_unpackb``. The Python code stays the reference: the extension hands
-everything unusual or wrong back to it.
+Pure Python over msgpack's C extension, nothing to compile: the common cases
+(openpi-keyed arrays of a dtype seen before, frames of plain maps and lists) take
+short paths, so it stays faster than openpi-client's own codec with all its checks
+(``bench/protocol_codec.py`` measures both; ``docs/benchmarks.md`` has the figures).
 """
 
 from __future__ import annotations
 
-import functools
-import os
+import sys
 from dataclasses import dataclass
 from math import prod
 from typing import Any
@@ -40,7 +36,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-__all__ = ["ACCELERATED", "DEFAULT_LIMITS", "Limits", "ProtocolError", "packb", "unpackb"]
+__all__ = ["DEFAULT_LIMITS", "Limits", "ProtocolError", "packb", "unpackb"]
 
 
 class ProtocolError(ValueError):
@@ -111,15 +107,22 @@ def _shape(spec: Any) -> tuple[int, ...]:
 
 
 def _decode_ndarray(obj: dict) -> np.ndarray:
+    """An array map → a read-only array over its data; the checks of the module docstring."""
     data = obj.get(b"data")
     spec = obj.get(b"dtype")
     shape = obj.get(b"shape")
-    # Fast path: an openpi-keyed 1-D array of an already accepted dtype.
-    if type(spec) is str and type(data) is bytes and type(shape) is list and len(shape) == 1:
+    # Fast path: openpi's keys, a dtype accepted before, a shape of non-negative ints that fits the data.
+    if type(data) is bytes and type(spec) is str and type(shape) is list and len(shape) <= MAX_NDIM:
         dtype = _DTYPE_CACHE.get(spec)
-        n = shape[0]
-        if dtype is not None and type(n) is int and n >= 0 and n * dtype.itemsize == len(data):
-            return np.frombuffer(data, dtype)
+        if dtype is not None:
+            size = dtype.itemsize
+            for dim in shape:
+                if type(dim) is not int or dim < 0:
+                    break
+                size *= dim
+            else:
+                if size == len(data):
+                    return np.frombuffer(data, dtype) if len(shape) == 1 else np.ndarray(shape, dtype, data)
     if data is None:
         data = _field(obj, "data")
     if type(data) is not bytes:
@@ -182,26 +185,29 @@ def packb(obj: Any) -> bytes:
     # A fresh packer per frame: a long-lived one keeps a frame-sized buffer whose
     # reuse defeats the allocator and made large round trips 10x slower. This is
     # msgpack.packb without its Python wrapper, which costs 0.2 µs a call.
-    return msgpack.Packer(default=_DEFAULT, use_bin_type=True).pack(obj)
+    return msgpack.Packer(default=_encode_default, use_bin_type=True).pack(obj)
 
 
-def _check_tree(obj: Any, max_depth: int) -> None:
+class _TooDeep(Exception):
+    """Raised by ``_check_tree``; ``unpackb`` turns it into a ``ProtocolError`` naming the cap."""
+
+
+def _check_tree(node: dict | list, max_depth: int) -> None:
     """Refuse nesting deeper than ``max_depth`` and msgpack timestamps.
 
     msgpack's C unpacker decodes the timestamp extension (type -1) itself instead
-    of calling ``ext_hook``, so it is caught here. Arrays count as leaves.
+    of calling ``ext_hook``, so it is caught here. Arrays count as leaves. Recursive
+    (cheaper than a stack of its own for the few levels frames have); a depth past
+    Python's recursion limit is refused like one past ``max_depth``.
     """
-    stack = [(obj, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > max_depth:
-            raise ProtocolError(f"frame nests containers deeper than {max_depth} levels")
-        for value in node.values() if type(node) is dict else node:
-            kind = type(value)
-            if kind is dict or kind is list:
-                stack.append((value, depth + 1))
-            elif kind is msgpack.Timestamp:
-                raise ProtocolError("msgpack extension type -1 (timestamp) is not part of the protocol")
+    if max_depth < 1:
+        raise _TooDeep
+    for value in node.values() if type(node) is dict else node:
+        kind = type(value)
+        if kind is dict or kind is list:
+            _check_tree(value, max_depth - 1)
+        elif kind is msgpack.Timestamp:
+            raise ProtocolError("msgpack extension type -1 (timestamp) is not part of the protocol")
 
 
 def unpackb(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Any:
@@ -216,18 +222,16 @@ def unpackb(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMI
         raise ProtocolError("empty frame")
 
     try:
-        value = msgpack.unpackb(
-            frame,
-            object_hook=_OBJECT_HOOK,
-            raw=False,
-            strict_map_key=True,
-            max_str_len=limits.max_str_len,
-            max_bin_len=limits.max_frame_bytes,
-            max_array_len=limits.max_container_len,
-            max_map_len=limits.max_container_len,
-            max_ext_len=limits.max_frame_bytes,
-            ext_hook=_refuse_ext,
-        )
+        # msgpack caps every string, binary, array and map at the frame's length by default
+        # (maps at half of it), its own defaults are raw=False and strict_map_key=True, and
+        # passing keywords costs 0.1 µs each: the caps are spelled out only where they are
+        # tighter than the frame's length.
+        if size <= limits.max_str_len and size <= limits.max_container_len:
+            value = msgpack.unpackb(frame, object_hook=_object_hook, ext_hook=_refuse_ext)
+        else:
+            value = msgpack.unpackb(frame, object_hook=_object_hook, ext_hook=_refuse_ext,
+                                    max_str_len=limits.max_str_len, max_array_len=limits.max_container_len,
+                                    max_map_len=limits.max_container_len)
     except ProtocolError:
         raise
     except msgpack.ExtraData as exc:
@@ -236,7 +240,13 @@ def unpackb(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMI
         raise ProtocolError(f"malformed frame: {exc}") from None
     kind = type(value)
     if kind is dict or kind is list:
-        _CHECK_TREE(value, limits.max_depth)
+        try:
+            _check_tree(value, limits.max_depth)
+        except _TooDeep:
+            raise ProtocolError(f"frame nests containers deeper than {limits.max_depth} levels") from None
+        except RecursionError:
+            raise ProtocolError(f"frame nests containers deeper than Python's recursion limit "
+                                f"({sys.getrecursionlimit()}) allows") from None
     elif kind is msgpack.Timestamp:
         raise ProtocolError("msgpack extension type -1 (timestamp) is not part of the protocol")
     return value
@@ -245,50 +255,3 @@ def unpackb(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMI
 def _refuse_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack extension type {code} is not part of the protocol")
 
-
-# The implementations packb and unpackb use: these Python functions, or the C fast
-# paths of the optional _speedups extension, which defer to them for anything else.
-# With the extension, packb and unpackb themselves are its functions (which use its
-# callbacks directly, not the names below); the Python ones are kept under these names.
-_py_packb = packb
-_py_unpackb = unpackb
-_OBJECT_HOOK = _object_hook
-_DEFAULT = _encode_default
-_CHECK_TREE = _check_tree
-ACCELERATED = False
-
-if os.environ.get("EVALFORGE_PURE_PYTHON_CODEC") != "1":
-    try:
-        from services.protocol import _speedups
-    except ImportError:  # not built (no compiler at install time): stay pure Python
-        pass
-    else:
-        _speedups.configure(
-            object_hook=_object_hook,
-            encode_default=_encode_default,
-            check_tree=_check_tree,
-            packb=_py_packb,
-            unpackb=_py_unpackb,
-            dtype_cache=_DTYPE_CACHE,
-            encode_cache=_ENCODE_DTYPE_STR,
-            protocol_error=ProtocolError,
-            timestamp_type=msgpack.Timestamp,
-            zero_copy_bytes=_ZERO_COPY_ENCODE_BYTES,
-            max_ndim=MAX_NDIM,
-            # What _py_packb and _py_unpackb call and catch, for the C versions to do the same.
-            packer_type=msgpack.Packer,
-            msgpack_unpackb=msgpack.unpackb,
-            extra_data=msgpack.ExtraData,
-            malformed_errors=(ValueError, TypeError, OverflowError, RecursionError, msgpack.UnpackException),
-            refuse_ext=_refuse_ext,
-            limits_type=Limits,
-            default_limits=DEFAULT_LIMITS,
-        )
-        _OBJECT_HOOK = _speedups.object_hook
-        _DEFAULT = _speedups.encode_default
-        _CHECK_TREE = _speedups.check_tree
-        # The C versions of the functions above, dressed as them: same __doc__, __name__,
-        # and (through __wrapped__) the same inspect.signature().
-        packb = functools.update_wrapper(_speedups.packb, _py_packb)  # noqa: F811
-        unpackb = functools.update_wrapper(_speedups.unpackb, _py_unpackb)  # noqa: F811
-        ACCELERATED = True

@@ -7,7 +7,7 @@
    redelivered message harmless);
 2. builds the simulator from ``benchmarks`` for the episode's task, seed and step
    limit (one simulator per task is kept per worker process and reset per episode);
-3. plays it with ``benchmarks.runner.run_episode`` through an ``ActionChunkBroker`` on
+3. plays it with ``benchmarks.runner.run_policy_episode`` through an ``ActionChunkBroker`` on
    a ``PolicyClient`` for the policy's endpoint (one client per endpoint per worker
    process), extending the lease every ``heartbeat_s`` seconds, and recording replay
    frames when the episode is one of its evaluation's first ``replay_episodes``
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,7 +50,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from websockets.exceptions import WebSocketException
 
 from benchmarks.registry import get_suite
-from benchmarks.runner import EnvFailure, run_episode
+from benchmarks.runner import EnvFailure, run_policy_episode
 from benchmarks.suite import EpisodeEnv
 from services.protocol.client import (
     ActionChunkBroker,
@@ -61,6 +60,7 @@ from services.protocol.client import (
     PolicyTimeout,
     PolicyUnavailable,
     ProtocolError,
+    backoff_delays,
 )
 from services.protocol.messages import ErrorCode
 from services.store import queries
@@ -90,6 +90,22 @@ class RunResult:
     attempts: int = 0
     finalised: bool = False
     detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeResult:
+    """What playing an episode measured, as ``queries.finish_episode`` records it.
+
+    The default is an episode that measured nothing (it failed before it ran); one that
+    ran out of time keeps its steps and duration.
+    """
+
+    success: bool = False
+    total_return: float | None = None
+    steps: int | None = None
+    duration_s: float | None = None
+    latency_mean_ms: float | None = None
+    latency_p95_ms: float | None = None
 
 
 class LeaseLost(RuntimeError):
@@ -243,10 +259,6 @@ def _why_not_claimed(session_factory: sessionmaker[Session], episode_id: int,
     return RunResult(episode_id, "skipped", attempts=attempts, detail=f"episode is {status}, not claimable")
 
 
-def _backoff(settings: WorkerSettings, retry: int, rng: random.Random) -> float:
-    return rng.uniform(0.0, min(settings.policy_backoff_max_s, settings.policy_backoff_s * 2 ** retry))
-
-
 def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, worker_id: str,
                       settings: WorkerSettings, *, sleep: Callable[[float], None] = time.sleep) -> RunResult:
     """Claim, play and record stored episode ``episode_id``; safe to call again for the same id."""
@@ -274,10 +286,10 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
             raise _OutOfTime(step)
         heartbeat(step)
 
-    result: dict = {}
+    result = EpisodeResult()
     reason: FailureReason | None = None
     message: str | None = None
-    rng = random.Random()
+    delays = backoff_delays(settings.policy_backoff_s, settings.policy_backoff_max_s)
     recorders: list[ReplayRecorder] | None = [] if job.episode_index < settings.replay_episodes else None
     try:
         for retry in range(settings.policy_retries + 1):
@@ -289,7 +301,7 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
                 reason, message = exc.reason, f"{exc} (after {retry + 1} tries)"
                 if retry == settings.policy_retries:
                     break
-                delay = _backoff(settings, retry, rng)
+                delay = next(delays)
                 if delay > clock.left():
                     message += f"; its time limit of {clock.limit_s:.1f} s leaves no room for another try"
                     break
@@ -304,7 +316,7 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
         elapsed_s = clock.elapsed()
         reason, message = _out_of_time(exc, job, settings, clock.limit_s, elapsed_s=elapsed_s,
                                        policy_s=elapsed_s - (exc.try_s - exc.policy_s))
-        result = {"steps": exc.step, "duration_s": exc.try_s}
+        result = EpisodeResult(steps=exc.step, duration_s=exc.try_s)
         log.warning("episode %d: %s", episode_id, message)
     except LeaseLost as exc:
         log.warning("%s; dropping it", exc)
@@ -324,16 +336,15 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
                                     fps=get_suite(job.suite).fps / settings.replay_every)
     with session_factory() as session:
         written = queries.finish_episode(
-            session, episode_id, success=bool(result.get("success")) and reason is None,
-            total_return=result.get("total_return"), steps=result.get("steps"),
-            duration_s=result.get("duration_s"), latency_mean_ms=result.get("latency_mean_ms"),
-            latency_p95_ms=result.get("latency_p95_ms"), failure_reason=reason,
+            session, episode_id, success=result.success and reason is None, total_return=result.total_return,
+            steps=result.steps, duration_s=result.duration_s, latency_mean_ms=result.latency_mean_ms,
+            latency_p95_ms=result.latency_p95_ms, failure_reason=reason,
             error_message=message[:2000] if message else None, artifact_path=artifact_path)
         finalised = queries.finalize_evaluation_if_done(session, job.evaluation_id)
     if not written:
         return RunResult(episode_id, "superseded", attempts=job.attempts, finalised=finalised,
                          detail="the episode was closed by someone else meanwhile")
-    ok = bool(result.get("success")) and reason is None
+    ok = result.success and reason is None
     return RunResult(episode_id, "succeeded" if ok else "failed", reason.value if reason else None,
                      job.attempts, finalised, message or "")
 
@@ -370,7 +381,7 @@ def _out_of_time(exc: _OutOfTime, job: _Job, settings: WorkerSettings, limit_s: 
 
 
 def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Callable[[int], None],
-          recorders: list[ReplayRecorder] | None) -> dict:
+          recorders: list[ReplayRecorder] | None) -> EpisodeResult:
     """One try at the episode; policy-server trouble is raised as ``_PolicyRetryable``.
 
     With ``recorders`` (a list), a fresh ``ReplayRecorder`` for this try is appended to it:
@@ -393,7 +404,7 @@ def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Ca
             return broker.act(obs)
 
     try:
-        outcome = run_episode(env, act, seed=job.seed, on_step=on_step)
+        outcome = run_policy_episode(env, act, seed=job.seed, on_step=on_step)
         if recorder is not None:
             recorder.capture(env.steps, last=True)
     except _OutOfTime as exc:
@@ -408,7 +419,7 @@ def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Ca
         client.close()
         raise _PolicyRetryable(FailureReason.POLICY_ERROR, f"policy server {job.endpoint}: {exc}") from exc
     latencies = np.asarray(broker.latencies_s) * 1e3
-    return {"success": outcome.success, "total_return": outcome.total_reward, "steps": outcome.steps,
-            "duration_s": outcome.duration_s,
-            "latency_mean_ms": float(latencies.mean()) if len(latencies) else None,
-            "latency_p95_ms": float(np.percentile(latencies, 95)) if len(latencies) else None}
+    return EpisodeResult(success=outcome.success, total_return=outcome.total_reward, steps=outcome.steps,
+                         duration_s=outcome.duration_s,
+                         latency_mean_ms=float(latencies.mean()) if len(latencies) else None,
+                         latency_p95_ms=float(np.percentile(latencies, 95)) if len(latencies) else None)

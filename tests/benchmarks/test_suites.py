@@ -25,7 +25,7 @@ from benchmarks.registry import (
 SIMULATOR_MODULES = ("metaworld", "mujoco", "gym_pusht", "pymunk", "pygame")
 
 
-def run_episode(suite_name: str, task: str, seed: int):
+def play_expert(suite_name: str, task: str, seed: int):
     suite = get_suite(suite_name)
     with suite.make_env(task, seed) as env:
         expert = suite.expert(task)
@@ -185,7 +185,7 @@ def test_seeded_initial_states_match_the_pinned_values(suite_name, task, seed, h
 @pytest.mark.parametrize("suite_name,task", [("metaworld-mt1-reach", "reach-v3"), ("metaworld-mt1-push", "push-v3")])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_metaworld_expert_succeeds(suite_name, task, seed):
-    result, steps = run_episode(suite_name, task, seed)
+    result, steps = play_expert(suite_name, task, seed)
     assert result.success and result.done and steps < 500
     assert result.info["truncated"] is False
 

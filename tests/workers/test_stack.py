@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from services.client import EvalForgeClient
-from services.protocol.launcher import free_port
-from services.stack import ProcessSpec, Supervisor
+from services.client import EvalForgeClient, EvaluationReport
+from services.supervisor import ProcessSpec, Supervisor, free_port
 from tests.workers.conftest import MAX_STEPS, REPO, SUITE, wait_for
 
 
@@ -134,11 +133,11 @@ class UpProcess:
         state = self.state()
         return EvalForgeClient(state["api_url"], Path(state["api_key_file"]).read_text().strip())
 
-    def evaluate(self, episodes: int = 2) -> dict:
+    def evaluate(self, episodes: int = 2) -> EvaluationReport:
         client = self.client()
         policy_id = self.state()["policies"][0]["id"]
         evaluation = client.submit_evaluation(policy_id, SUITE, episodes, max_steps=MAX_STEPS)
-        return client.watch_evaluation(evaluation["id"], poll_s=0.3, timeout_s=180)
+        return client.watch_evaluation(evaluation.id, poll_s=0.3, timeout_s=180)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -151,10 +150,10 @@ class UpProcess:
         return self.proc.returncode
 
 
-def _assert_finished(detail: dict, episodes: int) -> None:
-    assert detail["status"] == "finished", detail
-    assert detail["counts"]["succeeded"] + detail["counts"]["failed"] == episodes, detail["counts"]
-    assert detail["overall"]["failure_reasons"] == {}, "every episode ran to its end"
+def _assert_finished(detail: EvaluationReport, episodes: int) -> None:
+    assert detail.status == "finished", detail
+    assert detail.counts["succeeded"] + detail.counts["failed"] == episodes, detail.counts
+    assert detail.overall.failure_reasons == {}, "every episode ran to its end"
 
 
 def test_up_on_embedded_defaults_restarts_a_killed_worker_and_stops_cleanly(tmp_path, reach_checkpoint):
@@ -194,7 +193,7 @@ def test_up_on_postgres_and_redis(tmp_path, reach_checkpoint, pg_database, redis
         detail = up.evaluate()
         _assert_finished(detail, 2)
         with sessions() as session:  # the result is in PostgreSQL, not only in the API's answer
-            assert session.get(Evaluation, detail["id"]).status == EvaluationStatus.FINISHED
+            assert session.get(Evaluation, detail.id).status == EvaluationStatus.FINISHED
         assert not (up.run_dir / "broker").exists(), "the embedded broker is not used when REDIS_URL is set"
     finally:
         code = up.stop()
