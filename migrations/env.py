@@ -12,7 +12,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from services.store.db import make_engine
+from services.store.db import create_db_engine
 from services.store.models import Base
 from services.store.settings import StoreSettings, normalise_database_url
 
@@ -45,7 +45,7 @@ def run_migrations_online() -> None:
         with context.begin_transaction():
             context.run_migrations()
         return
-    engine = make_engine(url=_database_url())
+    engine = create_db_engine(url=_database_url())
     try:
         with engine.connect() as connection:
             _configure(connection)

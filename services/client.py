@@ -1,19 +1,23 @@
-"""A typed Python client of the EvalForge evaluation API, and the tables that show its answers.
+"""A typed Python client of the EvalForge evaluation API: only the client, no rendering.
 
-    from services.client import EvalForgeClient, print_results
+    from services.client import EvalForgeClient
 
     with EvalForgeClient() as api:             # EVALFORGE_API_URL, EVALFORGE_API_KEY
         policy = api.register_policy("bc", "ws://gpu-3:8000/ws")
-        evaluation = api.submit_evaluation(policy["id"], "metaworld-mt10", episodes_per_task=10)
-        detail = api.watch_evaluation(evaluation["id"])   # a progress bar until it is done
-        print_results(detail, rich.console.Console())
+        evaluation = api.submit_evaluation(policy.id, "metaworld-mt10", episodes_per_task=10)
+        report = api.watch_evaluation(evaluation.id)   # polls until it is done
+        print(report.overall.success_rate, report.overall.ci95)
 
 It speaks plain HTTP/JSON (``httpx``) and imports nothing of the server (no
 FastAPI, no SQLAlchemy), so scripts, notebooks and the ``evalforge eval …`` verbs
-(``services/client_cli.py``) stay light. Responses are the API's JSON as dicts,
-exactly as ``GET /docs`` describes them. Every failure is an ``ApiError`` carrying
-the HTTP status, the API's stable error ``code`` and its ``message`` (which names
-the fix); an API that does not answer is an ``ApiUnreachable``.
+stay light. Answers are typed (pydantic models below, one per body of ``GET
+/docs``: ``PolicyRecord``, ``EvaluationRecord``, ``EvaluationReport``,
+``EpisodeRecord``, ``Leaderboard``, ``SuiteInfo``); a test checks that their
+fields are the API's response schemas'. Tables and progress bars are the
+command line's (``services/cli/render.py``). Every failure is an
+``ApiRequestError`` carrying the HTTP status, the API's stable error ``code`` and
+its ``message`` (which names the fix); an API that does not answer is an
+``ApiUnreachable``.
 """
 
 from __future__ import annotations
@@ -25,9 +29,7 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from pydantic import BaseModel, ConfigDict
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 API_URL_ENV = "EVALFORGE_API_URL"
@@ -41,8 +43,183 @@ TERMINAL_EPISODE_STATUSES = ("succeeded", "failed", "cancelled")
 _EVALUATION_FILTERS = frozenset({"policy_id", "suite", "status", "tag"})
 
 
-class ApiError(Exception):
-    """The API refused a request: HTTP ``status``, the API's stable ``code``, its ``message``.
+# ---------------------------------------------------------------------------- answers
+
+
+class _Answer(BaseModel):
+    # Fields a newer API adds are ignored, so an older client keeps working.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class _PolicyLabel:
+    """``label`` of an answer that has a policy's ``name`` and ``version``."""
+
+    @property
+    def label(self) -> str:
+        """``name:version``, how the command line names a policy."""
+        return f"{self.name}:{self.version}"  # type: ignore[attr-defined]
+
+
+class PolicyIdentity(_PolicyLabel, _Answer):
+    """Which policy an evaluation or a leaderboard row is about."""
+
+    id: int
+    name: str
+    version: str
+    checkpoint_sha256: str
+
+
+class PolicyRecord(_PolicyLabel, _Answer):
+    """A registered policy (``GET /policies/{id}``)."""
+
+    id: int
+    name: str
+    version: str
+    endpoint: str
+    checkpoint_sha256: str
+    state_dim: int
+    action_dim: int
+    chunk_size: int
+    tasks: list[str]
+    created_at: datetime
+
+
+class SuccessInterval(_Answer):
+    """A Wilson 95% interval of a success rate (not symmetric)."""
+
+    low: float
+    high: float
+
+
+class LatencySummary(_Answer):
+    p50: float | None
+    p95: float | None
+
+
+class ResultFigures(_Answer):
+    """Success rate, its interval, steps, latency and failure reasons of some episodes."""
+
+    episodes: int
+    scored: int
+    succeeded: int
+    success_rate: float | None
+    ci95: SuccessInterval | None
+    mean_steps: float | None
+    latency_ms: LatencySummary | None
+    failure_reasons: dict[str, int]
+
+
+class TaskFigures(ResultFigures):
+    task: str
+
+
+class EvaluationRecord(_Answer):
+    """An evaluation as listings show it (``GET /evaluations``)."""
+
+    id: int
+    policy: PolicyIdentity
+    suite: str
+    tasks: list[str]
+    episodes_per_task: int
+    seed: int
+    max_steps: int | None
+    standard: bool
+    tags: list[str]
+    status: str
+    episodes_total: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    cancelled_at: datetime | None
+    success_rate: float | None
+
+
+class EvaluationReport(EvaluationRecord):
+    """An evaluation with its episode counts and results (``GET /evaluations/{id}``)."""
+
+    counts: dict[str, int]
+    overall: ResultFigures
+    per_task: list[TaskFigures]
+
+    @property
+    def episodes_done(self) -> int:
+        """Episodes that reached a terminal status."""
+        return sum(self.counts.get(status, 0) for status in TERMINAL_EPISODE_STATUSES)
+
+    @property
+    def done(self) -> bool:
+        """Nothing changes any more (finished, cancelled or failed)."""
+        return self.status in DONE_STATUSES
+
+
+class EpisodeRecord(_Answer):
+    """One episode of an evaluation (``GET /evaluations/{id}/episodes``)."""
+
+    id: int
+    episode_index: int
+    task: str
+    seed: int
+    max_steps: int
+    status: str
+    success: bool | None
+    total_return: float | None
+    steps: int | None
+    duration_s: float | None
+    latency_mean_ms: float | None
+    latency_p95_ms: float | None
+    failure_reason: str | None
+    error_message: str | None
+    artifact_path: str | None = None
+    attempts: int
+    worker_id: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class LeaderboardRow(_Answer):
+    rank: int
+    policy: PolicyIdentity
+    evaluation_id: int
+    success_rate: float
+    ci95: SuccessInterval
+    episodes: int
+    finished_at: datetime
+
+
+class Leaderboard(_Answer):
+    """Each policy's best finished evaluation on a suite, ranked (``GET /leaderboard``)."""
+
+    suite: str
+    include_nonstandard: bool
+    entries: list[LeaderboardRow]
+
+
+class SuiteTaskInfo(_Answer):
+    name: str
+    instruction: str
+    max_steps: int
+
+
+class SuiteInfo(_Answer):
+    """A benchmark suite an evaluation can run (``GET /suites``)."""
+
+    name: str
+    simulator: str
+    description: str
+    state_dim: int
+    action_dim: int
+    action_low: list[float]
+    action_high: list[float]
+    fps: float
+    has_expert: bool
+    tasks: list[SuiteTaskInfo]
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+class ApiRequestError(Exception):
+    """A request to the API failed: HTTP ``status``, the API's stable ``code``, its ``message``.
 
     ``status`` is None when no answer came back (see ``ApiUnreachable``) or when the
     client itself found the problem before asking (e.g. an unknown policy name).
@@ -61,7 +238,7 @@ class ApiError(Exception):
         return f"{self.message} (HTTP {self.status} {self.code})"
 
     @classmethod
-    def from_response(cls, response: httpx.Response) -> ApiError:
+    def from_response(cls, response: httpx.Response) -> ApiRequestError:
         """The error of a 4xx/5xx answer: the API's ``{"error": {...}}`` body, or the raw text."""
         try:
             error = response.json()["error"]
@@ -73,7 +250,7 @@ class ApiError(Exception):
                        f"{text} (is {response.request.url.host}:{response.request.url.port} an EvalForge API?)")
 
 
-class ApiUnreachable(ApiError):
+class ApiUnreachable(ApiRequestError):
     """No HTTP answer at all: nothing listens at the URL, a timeout, a network error."""
 
     def __init__(self, api_url: str, reason: str) -> None:
@@ -83,13 +260,13 @@ class ApiUnreachable(ApiError):
 
 
 class WatchTimeout(TimeoutError):
-    """``watch_evaluation`` gave up waiting; the evaluation itself goes on. ``detail`` is the last seen."""
+    """``watch_evaluation`` gave up waiting; the evaluation itself goes on. ``report`` is the last seen."""
 
-    def __init__(self, detail: dict[str, Any], timeout_s: float) -> None:
-        super().__init__(f"evaluation {detail['id']} is still {detail['status']} after {timeout_s:g} s "
-                         f"({episodes_done(detail)}/{detail['episodes_total']} episodes done); it goes on on the "
-                         f"server: follow it with `evalforge eval status {detail['id']} --watch`")
-        self.detail = detail
+    def __init__(self, report: EvaluationReport, timeout_s: float) -> None:
+        super().__init__(f"evaluation {report.id} is still {report.status} after {timeout_s:g} s "
+                         f"({report.episodes_done}/{report.episodes_total} episodes done); it goes on on the "
+                         f"server: follow it with `evalforge eval status {report.id} --watch`")
+        self.report = report
 
 
 class EvalForgeClient:
@@ -139,7 +316,7 @@ class EvalForgeClient:
         except httpx.TransportError as exc:
             raise ApiUnreachable(self.api_url, str(exc) or type(exc).__name__) from exc
         if response.is_error:
-            error = ApiError.from_response(response)
+            error = ApiRequestError.from_response(response)
             if response.status_code == 401 and not self.api_key:
                 error.message += f"; this client sent no key: pass --api-key KEY or set {API_KEY_ENV}"
             raise error
@@ -163,53 +340,53 @@ class EvalForgeClient:
 
     # ------------------------------------------------------------------ policies
 
-    def register_policy(self, name: str, endpoint: str, version: str | None = None) -> dict[str, Any]:
+    def register_policy(self, name: str, endpoint: str, version: str | None = None) -> PolicyRecord:
         """Register the policy server at ``endpoint`` (the API reads its handshake).
 
         Idempotent: registering the same name and version of the same checkpoint again
         returns the existing policy (the API answers 200 and updates its endpoint). The
-        same name and version with another checkpoint is an ``ApiError`` 409
+        same name and version with another checkpoint is an ``ApiRequestError`` 409
         ``policy_version_exists``: pass another ``version``.
         """
         body: dict[str, Any] = {"name": name, "endpoint": endpoint}
         if version is not None:
             body["version"] = version
-        return self._request("POST", "/policies", json=body).json()
+        return PolicyRecord.model_validate(self._request("POST", "/policies", json=body).json())
 
-    def get_policy(self, policy_id: int) -> dict[str, Any]:
-        return self._get(f"/policies/{policy_id}")
+    def get_policy(self, policy_id: int) -> PolicyRecord:
+        return PolicyRecord.model_validate(self._get(f"/policies/{policy_id}"))
 
-    def list_policies(self) -> list[dict[str, Any]]:
+    def list_policies(self) -> list[PolicyRecord]:
         """Every registered policy, newest first."""
-        return list(self._pages("/policies", {}))
+        return [PolicyRecord.model_validate(item) for item in self._pages("/policies", {})]
 
-    def resolve_policy(self, ref: str | int) -> dict[str, Any]:
+    def resolve_policy(self, ref: str | int) -> PolicyRecord:
         """The policy that ``ref`` names: an id, a ``name`` (with one version) or ``name:version``."""
         text = str(ref).strip()
         if text.isdigit():
             return self.get_policy(int(text))
         policies = self.list_policies()
-        matches = [p for p in policies if p["name"] == text]
+        matches = [p for p in policies if p.name == text]
         if not matches and ":" in text:
             name, _, version = text.rpartition(":")
-            matches = [p for p in policies if p["name"] == name and p["version"] == version]
+            matches = [p for p in policies if p.name == name and p.version == version]
         if len(matches) == 1:
             return matches[0]
         if matches:
-            versions = ", ".join(f"{p['name']}:{p['version']} (id {p['id']})" for p in matches)
-            raise ApiError(None, "ambiguous_policy", f"policy {text!r} has {len(matches)} versions: {versions}; "
-                           "name one as NAME:VERSION or by id")
-        known = ", ".join(sorted({f"{p['name']}:{p['version']}" for p in policies})[:10]) or "none yet"
-        raise ApiError(None, "unknown_policy", f"no policy named {text!r} is registered at {self.api_url} "
-                       f"(registered: {known}); register it with `evalforge policy register --name NAME "
-                       "--endpoint ws://HOST:PORT/ws`, or pass an id from `evalforge policy list`")
+            versions = ", ".join(f"{p.label} (id {p.id})" for p in matches)
+            raise ApiRequestError(None, "ambiguous_policy", f"policy {text!r} has {len(matches)} versions: "
+                                  f"{versions}; name one as NAME:VERSION or by id")
+        known = ", ".join(sorted({p.label for p in policies})[:10]) or "none yet"
+        raise ApiRequestError(None, "unknown_policy", f"no policy named {text!r} is registered at {self.api_url} "
+                              f"(registered: {known}); register it with `evalforge policy register --name NAME "
+                              "--endpoint ws://HOST:PORT/ws`, or pass an id from `evalforge policy list`")
 
     # ------------------------------------------------------------------ evaluations
 
     def submit_evaluation(self, policy_id: int, suite: str, episodes_per_task: int, *, seed: int = 0,
                           tasks: list[str] | None = None, max_steps: int | None = None,
-                          tags: list[str] | None = None, idempotency_key: str | None = None) -> dict[str, Any]:
-        """Start an evaluation; returns its detail (status ``pending``).
+                          tags: list[str] | None = None, idempotency_key: str | None = None) -> EvaluationReport:
+        """Start an evaluation; returns its report (status ``pending``).
 
         With ``idempotency_key``, a retry of the same request returns the same evaluation
         instead of starting a second one.
@@ -223,13 +400,14 @@ class EvalForgeClient:
         if tags is not None:
             body["tags"] = list(tags)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
-        return self._request("POST", "/evaluations", json=body, headers=headers).json()
+        return EvaluationReport.model_validate(
+            self._request("POST", "/evaluations", json=body, headers=headers).json())
 
-    def get_evaluation(self, evaluation_id: int) -> dict[str, Any]:
+    def get_evaluation(self, evaluation_id: int) -> EvaluationReport:
         """Status, episode counts by status, per-task and overall results."""
-        return self._get(f"/evaluations/{evaluation_id}")
+        return EvaluationReport.model_validate(self._get(f"/evaluations/{evaluation_id}"))
 
-    def list_evaluations(self, *, limit: int | None = 50, **filters: Any) -> list[dict[str, Any]]:
+    def list_evaluations(self, *, limit: int | None = 50, **filters: Any) -> list[EvaluationRecord]:
         """Evaluations, newest first; ``filters``: ``policy_id``, ``suite``, ``status``, ``tag``.
         ``limit=None`` returns all of them."""
         unknown = sorted(set(filters) - _EVALUATION_FILTERS)
@@ -239,75 +417,53 @@ class EvalForgeClient:
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be at least 1 (or None for all), got {limit}")
         params = {k: v for k, v in filters.items() if v is not None}
-        return list(self._pages("/evaluations", params, limit))
+        return [EvaluationRecord.model_validate(item) for item in self._pages("/evaluations", params, limit)]
 
-    def episodes(self, evaluation_id: int) -> list[dict[str, Any]]:
+    def episodes(self, evaluation_id: int) -> list[EpisodeRecord]:
         """Every episode of an evaluation, in index order."""
-        return list(self._pages(f"/evaluations/{evaluation_id}/episodes", {}))
+        return [EpisodeRecord.model_validate(item)
+                for item in self._pages(f"/evaluations/{evaluation_id}/episodes", {})]
 
-    def cancel_evaluation(self, evaluation_id: int) -> dict[str, Any]:
+    def cancel_evaluation(self, evaluation_id: int) -> EvaluationReport:
         """Cancel: pending episodes are dropped, running ones finish. A finished evaluation is a 409."""
-        return self._request("POST", f"/evaluations/{evaluation_id}/cancel").json()
+        return EvaluationReport.model_validate(self._request("POST", f"/evaluations/{evaluation_id}/cancel").json())
 
-    def watch_evaluation(self, evaluation_id: int, *, console: Console | None = None, poll_s: float = 1.0,
-                         timeout_s: float | None = None) -> dict[str, Any]:
-        """Poll until the evaluation is finished, cancelled or failed; return its final detail.
+    def watch_evaluation(self, evaluation_id: int, *, poll_s: float = 1.0, timeout_s: float | None = None,
+                         on_report: Callable[[EvaluationReport], None] | None = None) -> EvaluationReport:
+        """Poll until the evaluation is finished, cancelled or failed; return its final report.
 
-        On a terminal ``console`` (default: stderr) this is a progress bar of episodes
-        done, with the success rate so far and the episodes per status; elsewhere (a
-        log, a pipe) one line each time the progress changes. ``WatchTimeout`` after
+        ``on_report`` sees every report polled, the first and the last included (the
+        command line draws its progress bar with it). ``WatchTimeout`` after
         ``timeout_s`` (default: wait as long as it takes).
         """
-        console = console or Console(stderr=True)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        detail = self.get_evaluation(evaluation_id)
-        if console.is_terminal:
-            columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
-            with Progress(*columns, console=console) as progress:
-                bar = progress.add_task(f"evaluation {evaluation_id}", total=detail["episodes_total"], stats="")
-
-                def show(d: dict[str, Any]) -> None:
-                    progress.update(bar, completed=episodes_done(d), total=d["episodes_total"],
-                                    stats=progress_stats(d))
-
-                return self._poll_until_done(detail, show, poll_s, deadline, timeout_s)
-        shown: list[str] = []
-
-        def show_line(d: dict[str, Any]) -> None:
-            line = f"evaluation {d['id']}: {episodes_done(d)}/{d['episodes_total']} episodes done · {progress_stats(d)}"
-            if not shown or shown[-1] != line:
-                console.print(line, highlight=False, soft_wrap=True)
-                shown.append(line)
-
-        return self._poll_until_done(detail, show_line, poll_s, deadline, timeout_s)
-
-    def _poll_until_done(self, detail: dict[str, Any], show: Callable[[dict[str, Any]], None], poll_s: float,
-                         deadline: float | None, timeout_s: float | None) -> dict[str, Any]:
+        report = self.get_evaluation(evaluation_id)
         while True:
-            show(detail)
-            if detail["status"] in DONE_STATUSES:
-                return detail
+            if on_report is not None:
+                on_report(report)
+            if report.done:
+                return report
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise WatchTimeout(detail, timeout_s or 0.0)
+                    raise WatchTimeout(report, timeout_s or 0.0)
                 time.sleep(min(poll_s, left))
             else:
                 time.sleep(poll_s)
-            detail = self.get_evaluation(detail["id"])
+            report = self.get_evaluation(evaluation_id)
 
     # ------------------------------------------------------------------ leaderboard, catalogue, health
 
     def leaderboard(self, suite: str, *, include_nonstandard: bool = False, limit: int | None = None
-                    ) -> dict[str, Any]:
+                    ) -> Leaderboard:
         """Each policy's best finished evaluation on ``suite``, ranked."""
-        return self._get("/leaderboard", suite=suite, include_nonstandard=str(include_nonstandard).lower(),
-                         limit=limit)
+        return Leaderboard.model_validate(self._get("/leaderboard", suite=suite,
+                                                    include_nonstandard=str(include_nonstandard).lower(),
+                                                    limit=limit))
 
-    def suites(self) -> list[dict[str, Any]]:
+    def suites(self) -> list[SuiteInfo]:
         """The benchmark suites an evaluation can run (tasks, dimensions, step limits)."""
-        return self._get("/suites")
+        return [SuiteInfo.model_validate(item) for item in self._get("/suites")]
 
     def wait_ready(self, timeout_s: float) -> None:
         """Return once ``GET /readyz`` says ready (database and broker up); ``ApiUnreachable``
@@ -328,101 +484,3 @@ class EvalForgeClient:
             if time.monotonic() >= deadline:
                 raise ApiUnreachable(self.api_url, f"not ready within {timeout_s:g} s ({problem})")
             time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-
-
-# ---------------------------------------------------------------------------- rendering
-
-
-def episodes_done(detail: dict[str, Any]) -> int:
-    """Episodes of an evaluation detail that reached a terminal status."""
-    counts = detail.get("counts", {})
-    return sum(counts.get(status, 0) for status in TERMINAL_EPISODE_STATUSES)
-
-
-def progress_stats(detail: dict[str, Any]) -> str:
-    """``succeeded 3/4 (75.0%) · pending 2 · running 1 · …``: success so far and episodes per status."""
-    overall = detail.get("overall") or {}
-    counts = detail.get("counts", {})
-    parts = [detail["status"]]
-    if overall.get("scored"):
-        parts.append(f"success {overall['succeeded']}/{overall['scored']} ({percent(overall['success_rate'])})")
-    parts += [f"{status} {counts[status]}" for status in EPISODE_STATUSES if counts.get(status)]
-    return " · ".join(parts)
-
-
-def percent(rate: float | None) -> str:
-    return "–" if rate is None else f"{100 * rate:.1f}%"
-
-
-def interval(ci: dict[str, float] | None) -> str:
-    """A Wilson interval as ``[low, high]`` in percent (it is not symmetric, so no ±)."""
-    return "–" if not ci else f"[{100 * ci['low']:.1f}, {100 * ci['high']:.1f}]"
-
-
-def _number(value: float | None, unit: str = "") -> str:
-    return "–" if value is None else f"{value:,.1f}{unit}"
-
-
-def _failures(reasons: dict[str, int]) -> str:
-    return ", ".join(f"{reason} {count}" for reason, count in reasons.items() if count) or ""
-
-
-def _when(value: str | None) -> str:
-    if not value:
-        return "–"
-    try:
-        return datetime.fromisoformat(value).strftime("%Y-%m-%d %H:%M")
-    except ValueError:
-        return value
-
-
-def policy_label(policy: dict[str, Any]) -> str:
-    return f"{policy['name']}:{policy['version']}"
-
-
-def print_results(detail: dict[str, Any], console: Console) -> None:
-    """Per-task results of an evaluation: episodes, success rate with its 95% interval, mean steps,
-    median policy latency and failure reasons, then the overall row."""
-    title = (f"evaluation {detail['id']} · {policy_label(detail['policy'])} · {detail['suite']} · "
-             f"{detail['status']}")
-    table = Table(title=title, title_justify="left")
-    table.add_column("task")
-    for column in ("episodes", "success", "95% CI", "mean steps", "latency p50"):
-        table.add_column(column, justify="right")
-    table.add_column("failures")
-
-    def row(name: str, results: dict[str, Any], style: str | None = None) -> None:
-        latency = (results.get("latency_ms") or {}).get("p50")
-        success = percent(results["success_rate"])
-        if results["scored"]:
-            success += f" ({results['succeeded']}/{results['scored']})"
-        table.add_row(name, str(results["episodes"]), success, interval(results["ci95"]),
-                      _number(results["mean_steps"]), _number(latency, " ms"),
-                      _failures(results["failure_reasons"]), style=style)
-
-    for task in detail["per_task"]:
-        row(task["task"], task)
-    table.add_section()
-    row("overall", detail["overall"], style="bold")
-    console.print(table)
-
-
-def print_leaderboard(board: dict[str, Any], console: Console) -> None:
-    """A suite's leaderboard: rank, policy, success rate with its 95% interval, episodes, date."""
-    scope = " (all evaluations, incl. task subsets)" if board.get("include_nonstandard") else ""
-    if not board["entries"]:
-        console.print(f"no finished evaluations of every task on {board['suite']} yet{scope}; submit one with "
-                      f"`evalforge eval submit --suite {board['suite']} …`", highlight=False)
-        return
-    table = Table(title=f"leaderboard · {board['suite']}{scope}", title_justify="left")
-    table.add_column("rank", justify="right")
-    table.add_column("policy")
-    table.add_column("version")
-    for column in ("success", "95% CI", "episodes", "evaluation"):
-        table.add_column(column, justify="right")
-    table.add_column("finished (UTC)")
-    for entry in board["entries"]:
-        table.add_row(str(entry["rank"]), entry["policy"]["name"], entry["policy"]["version"],
-                      percent(entry["success_rate"]), interval(entry["ci95"]), str(entry["episodes"]),
-                      str(entry["evaluation_id"]), _when(entry["finished_at"]))
-    console.print(table)

@@ -2,6 +2,6 @@
 
 ``app.create_app`` builds it; ``routes/`` holds one module per resource,
 ``schemas`` the bodies, ``planning`` checks a request against the suite catalogue,
-``queue`` publishes episode tasks, ``handshake`` reads a policy server's metadata,
-``settings`` documents every knob.
+``handshake`` reads a policy server's metadata, ``settings`` documents every knob.
+Episode tasks are published with ``services.queue``, which the workers read too.
 """

@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
-from services.episode_queue import CeleryEpisodeQueue, EpisodeQueue
 from services.eval_api.errors import install_error_handlers
 from services.eval_api.handshake import read_handshake
 from services.eval_api.metrics import ApiMetrics, RequestMetrics
@@ -27,7 +26,8 @@ from services.eval_api.routes import evaluations, health, leaderboard, policies,
 from services.eval_api.settings import ApiSettings
 from services.eval_api.settings import settings as default_settings
 from services.protocol.messages import Metadata
-from services.store.db import make_engine, make_session_factory
+from services.queue import CeleryEpisodeQueue, EpisodeQueue, QueueSettings
+from services.store.db import create_db_engine, make_session_factory
 from services.store.settings import StoreSettings
 
 DESCRIPTION = """\
@@ -47,11 +47,13 @@ policy errors — and leave out cancelled episodes and harness failures (`env_er
 
 def create_app(settings: ApiSettings | None = None, store_settings: StoreSettings | None = None, *,
                engine: Engine | None = None, episode_queue: EpisodeQueue | None = None,
+               queue_settings: QueueSettings | None = None,
                handshake: Callable[[str, float], Metadata] | None = None) -> FastAPI:
-    """The API app. Defaults come from the environment; tests pass their engine, queue or handshake."""
+    """The API app. Defaults come from the environment; tests pass their engine, queue (or the queue's
+    settings) or handshake."""
     settings = settings or default_settings
     owns_engine = engine is None
-    engine = engine or make_engine(store_settings)
+    engine = engine or create_db_engine(store_settings)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -63,8 +65,7 @@ def create_app(settings: ApiSettings | None = None, store_settings: StoreSetting
     app.state.settings = settings
     app.state.engine = engine
     app.state.session_factory = make_session_factory(engine)
-    app.state.episode_queue = episode_queue or CeleryEpisodeQueue(
-        settings.effective_broker_url, settings.episode_queue, settings.broker_timeout_s)
+    app.state.episode_queue = episode_queue or CeleryEpisodeQueue.from_settings(queue_settings)
     app.state.read_handshake = handshake or read_handshake
     app.state.metrics = ApiMetrics()
 

@@ -14,10 +14,10 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from services.episode_queue import EpisodeQueue
 from services.eval_api.errors import ApiError
 from services.eval_api.metrics import ApiMetrics
 from services.eval_api.settings import ApiSettings
+from services.queue import EpisodeQueue
 from services.store.api_keys import authenticate
 from services.store.models import ApiKey
 

@@ -1,7 +1,9 @@
 """Settings of the evaluation API, from the environment (documented defaults below).
 
 The database is the store's setting (``DATABASE_URL``, see
-``services/store/settings.py``); everything the HTTP service itself decides is here.
+``services/store/settings.py``), the broker and the queue are the queue's
+(``REDIS_URL``, see ``services/queue.py``); everything the HTTP service itself
+decides is here.
 """
 
 from __future__ import annotations
@@ -13,16 +15,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class ApiSettings(BaseSettings):
-    """``EVALFORGE_*`` variables (plus ``REDIS_URL``) that configure ``evalforge api``."""
+    """``EVALFORGE_*`` variables that configure ``evalforge api``."""
 
     model_config = SettingsConfigDict(env_prefix="EVALFORGE_", populate_by_name=True, extra="ignore")
 
-    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL",
-                           description="Redis, the Celery broker episodes are enqueued on.")
-    broker_url: str | None = Field(
-        None, description="Celery broker URL when it is not REDIS_URL (e.g. an embedded transport).")
-    episode_queue: str = Field("episodes", description="Queue the episode tasks go to (workers consume it).")
-    broker_timeout_s: float = Field(2.0, gt=0, description="Connect/publish timeout for the broker.")
     reads_need_key: bool = Field(False, description="Require an API key for GET requests too (writes always do).")
     max_episodes_per_evaluation: int = Field(
         10_000, ge=1, description="Refuse evaluations with more episodes (tasks × episodes_per_task) than this.")
@@ -32,10 +28,6 @@ class ApiSettings(BaseSettings):
         10.0, gt=0, description="How long POST /policies waits for the policy server's handshake.")
     artifact_root: Path = Field(Path("runs/artifacts"), validation_alias="ARTIFACT_ROOT", description=(
         "The workers' ARTIFACT_ROOT as this host sees it: the evaluation page serves replay GIFs from it."))
-
-    @property
-    def effective_broker_url(self) -> str:
-        return self.broker_url or self.redis_url
 
 
 settings = ApiSettings()

@@ -1,7 +1,8 @@
 """Engines and sessions for the store, on PostgreSQL (production) or SQLite (embedded).
 
-``make_engine(settings)`` applies what each backend needs to be safe under several
-processes (API, workers, sweeper) writing at once:
+``create_db_engine(settings)`` makes the store's SQLAlchemy engine with what each
+backend needs to be safe under several processes (API, workers, sweeper) writing
+at once:
 
 - PostgreSQL: a pre-pinged connection pool; row-level conditional updates do the
   coordination (see ``queries``).
@@ -29,7 +30,7 @@ from services.store.settings import StoreSettings
 from services.store.settings import settings as default_settings
 
 
-def make_engine(settings: StoreSettings | None = None, *, url: str | None = None) -> Engine:
+def create_db_engine(settings: StoreSettings | None = None, *, url: str | None = None) -> Engine:
     """An engine for ``url`` (default: ``settings.database_url``) configured for its backend."""
     settings = settings or default_settings
     parsed = make_url(url or settings.database_url)

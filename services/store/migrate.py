@@ -14,7 +14,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-from services.store.db import make_engine
+from services.store.db import create_db_engine
 from services.store.settings import settings as default_settings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def current_revision(engine: Engine) -> str | None:
 def check_current(database_url: str | None = None) -> None:
     """Raise ``SchemaNotCurrent`` (saying what to run) unless the database is at the newest migration."""
     url = database_url or default_settings.database_url
-    engine = make_engine(url=url)
+    engine = create_db_engine(url=url)
     try:
         current = current_revision(engine)
     finally:

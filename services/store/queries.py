@@ -35,10 +35,12 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     Integer,
     String,
     and_,
     bindparam,
+    distinct,
     func,
     insert,
     literal,
@@ -509,6 +511,24 @@ def unfinalised_evaluation_ids(session: Session, *, limit: int = 1000) -> list[i
 # ---------------------------------------------------------------------------- leaderboard
 
 
+def leaderboard_eligibility(*, include_nonstandard: bool = False) -> list[ColumnElement[bool]]:
+    """The conditions an evaluation meets to be ranked on its suite's leaderboard, the one rule every
+    ranking reads (``leaderboard``, ``ranked_policy_counts``): finished with a success rate, and
+    ``standard`` (every task, standard step limits) unless ``include_nonstandard``."""
+    conditions = [Evaluation.status == EvaluationStatus.FINISHED, Evaluation.success_rate.is_not(None)]
+    if not include_nonstandard:
+        conditions.append(Evaluation.standard.is_(True))
+    return conditions
+
+
+def ranked_policy_counts(session: Session, *, include_nonstandard: bool = False) -> dict[str, int]:
+    """Suite → number of policies its leaderboard ranks (the suite tabs of the leaderboard page)."""
+    rows = session.execute(select(Evaluation.suite, func.count(distinct(Evaluation.policy_id)))
+                           .where(*leaderboard_eligibility(include_nonstandard=include_nonstandard))
+                           .group_by(Evaluation.suite))
+    return {suite: count for suite, count in rows}
+
+
 @dataclass(frozen=True, slots=True)
 class LeaderboardEntry:
     rank: int
@@ -526,14 +546,12 @@ def leaderboard(session: Session, suite: str, *, include_nonstandard: bool = Fal
     """Each policy's best finished evaluation on ``suite``, best first.
 
     Best: highest success rate; ties go to the tighter evidence (higher Wilson lower
-    bound, i.e. more episodes), then to the earlier result. Only ``standard``
-    evaluations (every task, standard step limits) compete unless
-    ``include_nonstandard`` — otherwise a one-task run would outrank a full one.
+    bound, i.e. more episodes), then to the earlier result. Who competes is
+    ``leaderboard_eligibility``: only ``standard`` evaluations (every task, standard
+    step limits) unless ``include_nonstandard`` — otherwise a one-task run would
+    outrank a full one.
     """
-    conditions = [Evaluation.suite == suite, Evaluation.status == EvaluationStatus.FINISHED,
-                  Evaluation.success_rate.is_not(None)]
-    if not include_nonstandard:
-        conditions.append(Evaluation.standard.is_(True))
+    conditions = [Evaluation.suite == suite, *leaderboard_eligibility(include_nonstandard=include_nonstandard)]
     order = (Evaluation.success_rate.desc(), Evaluation.success_ci_low.desc(), Evaluation.finished_at.asc(),
              Evaluation.id.asc())
     ranked = (select(Evaluation.id.label("evaluation_id"),

@@ -10,31 +10,26 @@ finish-once rules make safe:
 - ``worker_prefetch_multiplier=1``: a worker holds one episode at a time, so long
   episodes do not sit reserved behind each other on one busy worker;
 - ``visibility_timeout`` (Redis): how long an unacknowledged message waits before
-  redelivery — longer than any episode (the embedded broker, ``services/broker.py``,
+  redelivery — longer than any episode (the embedded broker, ``services/queue.py``,
   has none: the sweeper covers it);
 - JSON only: the queue carries episode ids, never pickles.
 
 The task itself is in ``services/workers/tasks.py`` (loaded through ``include``).
 
-The API does not import this module; it publishes ``RUN_EPISODE_TASK`` by name to
-``EPISODE_QUEUE`` with a producer app of its own (``services/episode_queue.py``),
-and a test checks that both sides agree.
+The broker, the queue and the task name come from ``services/queue.py``, which
+the API's producer reads too; the API does not import this module.
 """
 
 from __future__ import annotations
 
 from celery import Celery
 
-from services.broker import transport_options
-from services.workers.settings import WorkerSettings
-from services.workers.settings import settings as default_settings
-
-RUN_EPISODE_TASK = "evalforge.run_episode"
-"""Task name; its one argument is the episode id."""
+from services.queue import RUN_EPISODE_TASK, QueueSettings, transport_options
+from services.queue import settings as default_settings
 
 
-def make_celery_app(settings: WorkerSettings | None = None) -> Celery:
-    """The workers' Celery app for ``settings`` (default: from the environment)."""
+def make_celery_app(settings: QueueSettings | None = None) -> Celery:
+    """The workers' Celery app for the queue ``settings`` (default: from the environment)."""
     settings = settings or default_settings
     celery = Celery("evalforge", broker=settings.effective_broker_url, set_as_current=False,
                     include=["services.workers.tasks"])

@@ -1,4 +1,8 @@
-"""Settings of the Celery workers, from the environment (documented defaults below)."""
+"""Settings of the Celery workers, from the environment (documented defaults below).
+
+The broker, the queue name and Redis's visibility timeout are the queue's settings
+(``services/queue.py``), which the API reads too.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +13,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class WorkerSettings(BaseSettings):
-    """``REDIS_URL`` and ``EVALFORGE_*`` variables that configure the Celery app and its workers."""
+    """``EVALFORGE_*`` variables that configure the workers: leases, retries, replays, the sweeper."""
 
     model_config = SettingsConfigDict(env_prefix="EVALFORGE_", populate_by_name=True, extra="ignore")
-
-    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias="REDIS_URL",
-                           description="Redis, the Celery broker.")
-    broker_url: str | None = Field(
-        None, description="Celery broker URL when it is not REDIS_URL (e.g. an embedded transport).")
-    episode_queue: str = Field("episodes", description="Queue the episode tasks are consumed from.")
-    visibility_timeout_s: int = Field(
-        3600, ge=60, description=("Redis: an unacknowledged task is redelivered after this long. Must exceed the "
-                                  "longest episode, or a slow episode is run twice (harmless, but wasted)."))
 
     # Episodes: leases, attempts, retries against the policy server.
     lease_s: float = Field(60.0, gt=0, description=(
@@ -48,10 +43,6 @@ class WorkerSettings(BaseSettings):
     pending_after_s: float = Field(300.0, gt=0, description=(
         "A `pending` episode this old is re-enqueued (its broker message may have been lost)."))
     sweep_every_s: float = Field(30.0, gt=0, description="Seconds between two sweeps.")
-
-    @property
-    def effective_broker_url(self) -> str:
-        return self.broker_url or self.redis_url
 
 
 settings = WorkerSettings()

@@ -26,7 +26,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.episode_queue import CeleryEpisodeQueue, EpisodeQueue
+from services.queue import CeleryEpisodeQueue, EpisodeQueue
 from services.store import queries
 from services.store.models import utcnow
 from services.workers.settings import WorkerSettings
@@ -93,8 +93,7 @@ class Sweeper:
 
 
 def make_sweeper(settings: WorkerSettings) -> Sweeper:
-    """A sweeper on ``DATABASE_URL`` that publishes to the workers' broker and queue."""
-    from services.store.db import make_engine, make_session_factory
+    """A sweeper on ``DATABASE_URL`` that publishes to the broker and queue of ``services.queue.settings``."""
+    from services.store.db import create_db_engine, make_session_factory
 
-    return Sweeper(make_session_factory(make_engine()),
-                   CeleryEpisodeQueue(settings.effective_broker_url, settings.episode_queue), settings)
+    return Sweeper(make_session_factory(create_db_engine()), CeleryEpisodeQueue.from_settings(), settings)

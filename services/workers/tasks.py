@@ -29,9 +29,10 @@ from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy.orm import Session, sessionmaker
 
 from benchmarks.registry import get_suite, list_suites
+from services.queue import RUN_EPISODE_TASK
 from services.store.models import FailureReason
 from services.workers import runner
-from services.workers.celery_app import RUN_EPISODE_TASK, app
+from services.workers.celery_app import app
 from services.workers.settings import WorkerSettings
 from services.workers.settings import settings as worker_settings
 
@@ -55,9 +56,9 @@ def session_factory() -> sessionmaker[Session]:
     """This process's session factory, made on first use (after the prefork pool forked)."""
     global _sessions
     if _sessions is None or _sessions[0] != os.getpid():
-        from services.store.db import make_engine, make_session_factory
+        from services.store.db import create_db_engine, make_session_factory
 
-        _sessions = (os.getpid(), make_session_factory(make_engine()))
+        _sessions = (os.getpid(), make_session_factory(create_db_engine()))
     return _sessions[1]
 
 

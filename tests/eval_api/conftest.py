@@ -96,8 +96,7 @@ class Api:
 
 
 def make_api(engine: Engine, **settings: Any) -> Iterator[Api]:
-    api_settings = ApiSettings(**{"max_episodes_per_evaluation": 2_000, "redis_url": "redis://127.0.0.1:1/0",
-                                  **settings})
+    api_settings = ApiSettings(**{"max_episodes_per_evaluation": 2_000, **settings})
     queue, handshake = RecordingQueue(), ScriptedHandshake()
     app = create_app(api_settings, engine=engine, episode_queue=queue, handshake=handshake)
     sessions = make_session_factory(engine)

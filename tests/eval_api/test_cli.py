@@ -5,21 +5,24 @@ Each command runs as its own process with ``DATABASE_URL`` set, as an operator w
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from services.protocol.launcher import free_port
 from services.store import migrate
 from services.store.api_keys import authenticate
-from services.store.db import make_engine, make_session_factory
+from services.store.db import create_db_engine, make_session_factory
+from services.supervisor import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,6 +42,37 @@ def test_console_script_is_registered():
     assert {"policy-server", "trainer"} <= set(scripts)
 
 
+def _option_strings(parser: argparse.ArgumentParser, command: str = "") -> Iterator[tuple[str, str]]:
+    """(command, option) for every option of ``parser`` and, depth first, of its sub-commands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for verb, sub in action.choices.items():
+                yield from _option_strings(sub, f"{command} {verb}".strip())
+        for option in action.option_strings:
+            yield command, option
+
+
+def test_every_verb_is_a_module_and_every_command_that_logs_spells_log_level_once():
+    from services.cli import VERBS, build_parser
+
+    for module_name, _ in VERBS.values():
+        module = importlib.import_module(module_name)
+        assert callable(module.add_arguments) and callable(module.run), module_name
+        assert module_name == f"services.cli.{module_name.rsplit('.', 1)[1]}"
+    options = set(_option_strings(build_parser()))
+    assert not [o for o in options if o[1] in ("--loglevel", "--log_level")], "one spelling: --log-level"
+    logging_commands = {command.split()[0] for command, option in options if option == "--log-level"}
+    assert logging_commands == {"api", "worker", "sweeper", "up"}
+
+
+def test_building_the_parser_for_a_verb_loads_only_that_verb():
+    code = ("import sys; from services.cli import build_parser; build_parser({'apikey'}); "
+            "print(sorted(m for m in ('services.cli.up', 'services.cli.rollout', 'services.cli.evaluations', "
+            "'httpx', 'rich', 'celery', 'fastapi') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
 def test_db_and_apikey_commands(tmp_path):
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     refused = evalforge(url, "apikey", "list", check=False)
@@ -53,7 +87,7 @@ def test_db_and_apikey_commands(tmp_path):
     created = evalforge(url, "apikey", "create", "--name", "ci runner").stdout
     key = created.split()[-1]  # the key is the last word of the output
     assert key.startswith("efk_") and "shown only this once" in created
-    engine = make_engine(url=url)
+    engine = create_db_engine(url=url)
     try:
         with make_session_factory(engine)() as session:
             assert authenticate(session, key).name == "ci runner"

@@ -1,4 +1,4 @@
-"""The user CLI (``evalforge policy|eval|leaderboard``) and ``services.client`` against a served API.
+"""The user CLI (``evalforge policy|eval|leaderboard``), its tables, and ``services.client`` against a served API.
 
 The real app runs under uvicorn on a loopback port, on each store backend, with the
 API fixtures' scripted policy handshake and recording queue (no broker, no policy
@@ -16,15 +16,33 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
 from rich.console import Console
 
 from services.cli import main
-from services.client import ApiError, ApiUnreachable, EvalForgeClient, WatchTimeout
-from services.protocol.launcher import free_port
+from services.cli.render import print_leaderboard, watch_with_progress
+from services.client import (
+    ApiRequestError,
+    ApiUnreachable,
+    EpisodeRecord,
+    EvalForgeClient,
+    EvaluationRecord,
+    EvaluationReport,
+    Leaderboard,
+    LeaderboardRow,
+    PolicyIdentity,
+    PolicyRecord,
+    ResultFigures,
+    SuiteInfo,
+    TaskFigures,
+    WatchTimeout,
+)
+from services.eval_api import schemas
 from services.store import queries
+from services.supervisor import free_port
 from tests.eval_api.conftest import POLICY_ENDPOINT, Api, make_api, metadata
 from tests.store.helpers import run_all
 
@@ -151,7 +169,7 @@ def test_register_submit_status_list_leaderboard(env, capsys):
 def test_status_watch_returns_when_the_episodes_are_done(served, capsys):
     client = served.client()
     policy = client.register_policy("bc", POLICY_ENDPOINT)
-    evaluation_id = client.submit_evaluation(policy["id"], SUITE, 1, tasks=["reach-v3", "push-v3"])["id"]
+    evaluation_id = client.submit_evaluation(policy.id, SUITE, 1, tasks=["reach-v3", "push-v3"]).id
     with served.api.sessions() as session:
         episode_ids = [e.id for e in queries.list_episodes(session, evaluation_id)]
     problems: list[BaseException] = []
@@ -196,19 +214,23 @@ def test_status_watch_returns_when_the_episodes_are_done(served, capsys):
 def test_watch_draws_a_progress_bar_on_a_terminal_and_can_give_up(served, capsys):
     client = served.client()
     policy = client.register_policy("bc", POLICY_ENDPOINT)
-    evaluation_id = client.submit_evaluation(policy["id"], SUITE, 2, tasks=["reach-v3"])["id"]
+    evaluation_id = client.submit_evaluation(policy.id, SUITE, 2, tasks=["reach-v3"]).id
 
     with pytest.raises(WatchTimeout, match=f"evaluation {evaluation_id} is still pending after 0.05 s"):
-        client.watch_evaluation(evaluation_id, poll_s=0.01, timeout_s=0.05, console=Console(file=io.StringIO()))
+        client.watch_evaluation(evaluation_id, poll_s=0.01, timeout_s=0.05)
+    log = io.StringIO()
+    with pytest.raises(WatchTimeout):
+        watch_with_progress(client, evaluation_id, poll_s=0.01, timeout_s=0.05, console=Console(file=log))
+    assert log.getvalue().startswith(f"evaluation {evaluation_id}: 0/2 episodes done · pending")
     code, _, err = evalforge(capsys, "eval", "status", str(evaluation_id), "--watch", "--watch-timeout", "0.05",
                              "--api-url", served.url)
     assert code == 1 and f"`evalforge eval status {evaluation_id} --watch`" in err
 
     served.finish(evaluation_id, succeed=2)
     screen = io.StringIO()
-    final = client.watch_evaluation(evaluation_id, console=Console(file=screen, force_terminal=True, width=160,
-                                                                  color_system=None))
-    assert final["status"] == "finished"
+    final = watch_with_progress(client, evaluation_id, console=Console(file=screen, force_terminal=True, width=160,
+                                                                       color_system=None))
+    assert final.status == "finished" and final.done and final.episodes_done == 2
     assert f"evaluation {evaluation_id}" in screen.getvalue() and "2/2" in screen.getvalue()
     assert "success 2/2 (100.0%)" in screen.getvalue()
     client.close()
@@ -269,26 +291,27 @@ def test_policy_references_that_do_not_resolve(env, capsys):
 def test_client_pages_cancels_and_replays(served, capsys):
     with served.client(page_size=2) as client:
         client.wait_ready(GUARD_S)
-        assert "metaworld-mt10" in {suite["name"] for suite in client.suites()}
+        assert "metaworld-mt10" in {suite.name for suite in client.suites()}
         policy = client.register_policy("bc", POLICY_ENDPOINT)
-        first = client.submit_evaluation(policy["id"], SUITE, 5, tasks=["reach-v3"], seed=3,
+        first = client.submit_evaluation(policy.id, SUITE, 5, tasks=["reach-v3"], seed=3,
                                          idempotency_key="run-1")
-        assert client.submit_evaluation(policy["id"], SUITE, 5, tasks=["reach-v3"], seed=3,
-                                        idempotency_key="run-1")["id"] == first["id"]
-        episodes = client.episodes(first["id"])  # three pages of two
-        assert [e["episode_index"] for e in episodes] == [0, 1, 2, 3, 4]
-        later = [client.submit_evaluation(policy["id"], SUITE, 1, tasks=["push-v3"])["id"] for _ in range(3)]
-        assert [e["id"] for e in client.list_evaluations(limit=3)] == later[::-1]
-        assert [e["id"] for e in client.list_evaluations(limit=None)] == [*later[::-1], first["id"]]
+        assert client.submit_evaluation(policy.id, SUITE, 5, tasks=["reach-v3"], seed=3,
+                                        idempotency_key="run-1").id == first.id
+        episodes = client.episodes(first.id)  # three pages of two
+        assert [e.episode_index for e in episodes] == [0, 1, 2, 3, 4]
+        assert all(isinstance(e, EpisodeRecord) and e.status == "pending" for e in episodes)
+        later = [client.submit_evaluation(policy.id, SUITE, 1, tasks=["push-v3"]).id for _ in range(3)]
+        assert [e.id for e in client.list_evaluations(limit=3)] == later[::-1]
+        assert [e.id for e in client.list_evaluations(limit=None)] == [*later[::-1], first.id]
         with pytest.raises(TypeError, match="unknown filters"):
             client.list_evaluations(policy=1)
-        with pytest.raises(ApiError) as refused:
-            client.submit_evaluation(policy["id"], "metaworld-mt11", 1)
+        with pytest.raises(ApiRequestError) as refused:
+            client.submit_evaluation(policy.id, "metaworld-mt11", 1)
         assert (refused.value.status, refused.value.code) == (422, "unknown_suite")
 
-    code, out, err = evalforge(capsys, "eval", "cancel", str(first["id"]), "--api-url", served.url,
+    code, out, err = evalforge(capsys, "eval", "cancel", str(first.id), "--api-url", served.url,
                                "--api-key", served.api.key)
-    assert code == 0 and f"evaluation {first['id']} is cancelled: 5 episodes cancelled" in out, err
+    assert code == 0 and f"evaluation {first.id} is cancelled: 5 episodes cancelled" in out, err
     code, _, err = evalforge(capsys, "eval", "cancel", str(later[0]), "--api-url", served.url)
     assert code == 1 and "needs an API key" in err
 
@@ -301,3 +324,61 @@ def test_bad_usage_exits_2(capsys):
             main(argv)
         assert exited.value.code == 2
     assert "--episodes-per-task: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_the_client_types_are_the_apis_response_bodies():
+    """Each typed answer of the client has the fields, in order, of the API's response schema it parses."""
+    pairs = [(PolicyIdentity, schemas.PolicyRef), (PolicyRecord, schemas.PolicyOut),
+             (ResultFigures, schemas.Results), (TaskFigures, schemas.TaskResults),
+             (EvaluationRecord, schemas.EvaluationOut), (EvaluationReport, schemas.EvaluationDetail),
+             (EpisodeRecord, schemas.EpisodeOut), (LeaderboardRow, schemas.LeaderboardEntryOut),
+             (Leaderboard, schemas.LeaderboardOut), (SuiteInfo, schemas.SuiteOut)]
+    for client_type, schema in pairs:
+        assert list(client_type.model_fields) == list(schema.model_fields), (client_type.__name__, schema.__name__)
+
+
+def test_json_output_is_the_apis_json(env, capsys):
+    assert main(["policy", "register", "--name", "bc", "--endpoint", POLICY_ENDPOINT]) == 0
+    submitted = evalforge_json(capsys, "eval", "submit", "--policy", "bc", "--suite", SUITE,
+                               "--episodes-per-task", "1", "--task", "reach-v3")
+    env.finish(submitted["id"], succeed=1)
+    with httpx.Client(base_url=env.url) as http:
+        assert evalforge_json(capsys, "eval", "status", str(submitted["id"])) == http.get(
+            f"/evaluations/{submitted['id']}").json()
+        assert evalforge_json(capsys, "policy", "list") == http.get("/policies").json()["items"]
+        assert evalforge_json(capsys, "leaderboard", "--suite", SUITE, "--include-nonstandard") == http.get(
+            "/leaderboard", params={"suite": SUITE, "include_nonstandard": "true"}).json()
+
+
+def _long_board() -> Leaderboard:
+    policy = {"id": 1, "name": "reach-behaviour-cloning-from-scripted-demonstrations", "version":
+              "episodes-200-seed-7-lr-3e-4", "checkpoint_sha256": "ab" * 32}
+    return Leaderboard.model_validate({"suite": "metaworld-mt1-reach", "include_nonstandard": True, "entries": [
+        {"rank": 1, "policy": policy, "evaluation_id": 12, "success_rate": 0.75,
+         "ci95": {"low": 0.531, "high": 0.888}, "episodes": 20, "finished_at": "2026-12-01T19:55:00Z"}]})
+
+
+def test_tables_written_to_a_pipe_or_file_are_not_cut():
+    for console in (Console(file=io.StringIO()), Console(file=io.StringIO(), width=40)):  # not a terminal
+        print_leaderboard(_long_board(), console)
+        text = console.file.getvalue()
+        assert "reach-behaviour-cloning-from-scripted-demonstrations" in text, text
+        assert "episodes-200-seed-7-lr-3e-4" in text and "[53.1, 88.8]" in text and "2026-12-01 19:55" in text
+        assert "…" not in text
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=80, color_system=None)
+    print_leaderboard(_long_board(), terminal)  # a terminal's table fits the terminal
+    assert max(len(line) for line in terminal.file.getvalue().splitlines()) <= 80
+
+
+def test_the_leaderboard_verb_prints_full_names_to_a_pipe(env, capsys):
+    name = "metaworld-mt10-behaviour-cloning-from-scripted-demonstrations"
+    assert main(["policy", "register", "--name", name, "--version", "episodes-200-seed-7",
+                 "--endpoint", POLICY_ENDPOINT]) == 0
+    evaluation_id = evalforge_json(capsys, "eval", "submit", "--policy", name, "--suite", SUITE,
+                                   "--episodes-per-task", "1")["id"]
+    env.finish(evaluation_id, succeed=3)
+    code, out, err = evalforge(capsys, "leaderboard", "--suite", SUITE)  # capsys: stdout is not a terminal
+    assert code == 0, err
+    assert name in out and "episodes-200-seed-7" in out and "…" not in out
+    code, out, err = evalforge(capsys, "eval", "list")
+    assert code == 0 and f"{name}:episodes-200-seed-7" in out and "…" not in out, err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.eval_api.conftest import MT10_TASKS
@@ -45,3 +47,43 @@ def test_leaderboard_needs_a_known_suite(api):
     assert response.status_code == 422 and response.json()["error"]["code"] == "unknown_suite"
     response = api.client.get("/leaderboard")
     assert response.status_code == 422 and response.json()["error"]["code"] == "validation_error"
+
+
+def _page_ranking(api, suite: str, include_nonstandard: bool) -> tuple[dict[str, int], list[str]]:
+    """The leaderboard page's suite tabs (suite → policies ranked) and the chosen suite's policies, in order."""
+    html = api.client.get("/ui/", params={"suite": suite, "include_nonstandard": include_nonstandard}).text
+    tabs = {name: int(count) for name, count in re.findall(r'>([\w.-]+)<span class="count">(\d+)</span>', html)}
+    return tabs, re.findall(r'<td class="policy"><a href="/ui/policies/\d+">([^<]+)</a>', html)
+
+
+def test_the_page_and_the_api_rank_by_the_one_eligibility_rule(api):
+    """Each condition of ``queries.leaderboard_eligibility`` once: the page's counts and rows, the API's
+    leaderboard and the rule itself name the same policies."""
+    from sqlalchemy import distinct, func, select
+
+    from services.store import queries
+    from services.store.models import Evaluation
+
+    ids = {name: api.register_policy(name, f"ws://{name}.test/ws")["id"]
+           for name in ("standard", "subset", "pending", "cancelled", "scoreless")}
+    finished(api, ids["standard"], 2)  # finished, every task: always ranked
+    finished(api, ids["subset"], 3, tasks=["reach-v3"])  # finished, one task: ranked only with subsets
+    api.submit(ids["pending"], episodes_per_task=1)  # not finished: never ranked
+    cancelled = api.submit(ids["cancelled"], episodes_per_task=1)["id"]
+    assert api.client.post(f"/evaluations/{cancelled}/cancel", headers=api.auth).status_code == 200
+    scoreless = api.submit(ids["scoreless"], episodes_per_task=1, tasks=["push-v3"])["id"]  # only harness failures
+    play(api, scoreless, lambda e: dict(success=False, failure_reason="env_error"))
+
+    expected = {False: ["standard"], True: ["subset", "standard"]}
+    for include_nonstandard, names in expected.items():
+        board = api.client.get("/leaderboard", params={"suite": "metaworld-mt10",
+                                                       "include_nonstandard": include_nonstandard}).json()
+        assert [e["policy"]["name"] for e in board["entries"]] == names
+        tabs, rows = _page_ranking(api, "metaworld-mt10", include_nonstandard)
+        assert rows == names and tabs == {"metaworld-mt10": len(names)}
+        with api.sessions() as session:
+            assert queries.ranked_policy_counts(session, include_nonstandard=include_nonstandard) == tabs
+            by_rule = session.scalar(select(func.count(distinct(Evaluation.policy_id))).where(
+                Evaluation.suite == "metaworld-mt10",
+                *queries.leaderboard_eligibility(include_nonstandard=include_nonstandard)))
+        assert by_rule == len(names)

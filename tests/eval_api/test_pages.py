@@ -24,11 +24,11 @@ from sqlalchemy import select, update
 
 from services.eval_api.pages import plots
 from services.eval_api.pages import routes as pages_routes
-from services.protocol.launcher import free_port
 from services.store import queries
 from services.store.aggregates import wilson_interval
-from services.store.db import make_engine
+from services.store.db import create_db_engine
 from services.store.models import Episode, Evaluation, utcnow
+from services.supervisor import free_port
 from tests.conftest import CHROMIUM
 from tests.eval_api.conftest import MT10_TASKS, Api, make_api
 from tests.eval_api.test_evaluations import play
@@ -126,7 +126,7 @@ def chromium():
 @pytest.fixture
 def site(sqlite_url, chromium, tmp_path) -> Iterator[tuple[Api, ServedApp, object]]:
     """A seeded store, the app serving it, and a fresh browser page."""
-    engine = make_engine(url=sqlite_url)
+    engine = create_db_engine(url=sqlite_url)
     apis = make_api(engine, artifact_root=tmp_path / "artifacts")
     api = next(apis)
     errors: list[str] = []

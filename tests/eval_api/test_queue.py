@@ -10,25 +10,38 @@ import secrets
 import pytest
 import redis
 
-from services.episode_queue import RUN_EPISODE_TASK, CeleryEpisodeQueue
 from services.eval_api.app import create_app
 from services.eval_api.settings import ApiSettings
-from services.workers.celery_app import RUN_EPISODE_TASK as WORKER_TASK
+from services.queue import RUN_EPISODE_TASK, CeleryEpisodeQueue, QueueSettings, embedded_broker_url
 from services.workers.celery_app import make_celery_app
-from services.workers.settings import WorkerSettings
 from tests.eval_api.conftest import Api, ScriptedHandshake, metadata
 
 
-def test_the_api_and_the_workers_agree_on_task_and_queue():
-    api_settings, worker_settings = ApiSettings(), WorkerSettings()
-    assert RUN_EPISODE_TASK == WORKER_TASK == "evalforge.run_episode"
-    assert api_settings.episode_queue == worker_settings.episode_queue == "episodes"
-    worker_app = make_celery_app(worker_settings)
-    conf = worker_app.conf
-    assert conf.task_routes[WORKER_TASK] == {"queue": "episodes"}
+def test_the_producer_and_the_workers_read_one_queue_contract():
+    from services.workers.celery_app import app as worker_app
+    from services.workers.tasks import run_episode
+
+    queue_settings = QueueSettings(redis_url="redis://127.0.0.1:1/0", episode_queue="episodes-a",
+                                   visibility_timeout_s=120)
+    producer = CeleryEpisodeQueue.from_settings(queue_settings)
+    conf = make_celery_app(queue_settings).conf
+    # The task the workers register is the one the producer sends, on the queue both read.
+    assert run_episode.name == RUN_EPISODE_TASK == "evalforge.run_episode" and RUN_EPISODE_TASK in worker_app.tasks
+    assert producer.queue == conf.task_default_queue == "episodes-a"
+    assert conf.task_routes[RUN_EPISODE_TASK] == {"queue": "episodes-a"}
+    assert producer.broker_url == conf.broker_url == "redis://127.0.0.1:1/0"
+    assert conf.broker_transport_options["visibility_timeout"] == 120
     assert conf.task_acks_late and conf.task_reject_on_worker_lost and conf.worker_prefetch_multiplier == 1
     assert conf.task_serializer == "json" and conf.accept_content == ["json"]
-    assert conf.broker_transport_options["visibility_timeout"] == worker_settings.visibility_timeout_s
+
+
+def test_queue_settings_come_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("REDIS_URL", "redis://cache.test:6379/3")
+    monkeypatch.setenv("EVALFORGE_EPISODE_QUEUE", "episodes-b")
+    assert (QueueSettings().effective_broker_url, QueueSettings().episode_queue) == (
+        "redis://cache.test:6379/3", "episodes-b")
+    monkeypatch.setenv("EVALFORGE_BROKER_URL", embedded_broker_url(tmp_path / "broker"))
+    assert QueueSettings().effective_broker_url == f"filesystem://{(tmp_path / 'broker').resolve()}"
 
 
 def test_a_dead_broker_fails_fast():
@@ -59,7 +72,7 @@ def test_submitted_episodes_land_in_the_redis_queue(store_engine, broker, redis_
     broker, queue_name = broker
     queue = CeleryEpisodeQueue(redis_url, queue_name)
     handshake = ScriptedHandshake({"ws://p.test/ws": metadata()})
-    app = create_app(ApiSettings(redis_url=redis_url, episode_queue=queue_name), engine=store_engine, episode_queue=queue, handshake=handshake)
+    app = create_app(ApiSettings(), engine=store_engine, episode_queue=queue, handshake=handshake)
     sessions = make_session_factory(store_engine)
     with sessions() as session:
         _, key = create_api_key(session, "tests")
@@ -84,7 +97,7 @@ def test_submitted_episodes_land_in_the_redis_queue(store_engine, broker, redis_
     assert sent_ids == [e["id"] for e in episodes]
 
     # The workers' app can read the message with its own (JSON-only) settings.
-    worker_app = make_celery_app(WorkerSettings(redis_url=redis_url))
+    worker_app = make_celery_app(QueueSettings(redis_url=redis_url))
     with worker_app.connection_for_read() as connection:
         simple = connection.SimpleQueue(queue_name)
         received = simple.get(timeout=5)

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.eval_api.app import create_app
 from services.eval_api.settings import ApiSettings
-from services.store.db import make_engine
+from services.store.db import create_db_engine
 from tests.eval_api.conftest import RecordingQueue, make_api
 
 EXAMPLES_PER_OPERATION = 30
@@ -35,7 +35,7 @@ class ForwardingApp:
         await self.app(scope, receive, send)
 
 
-target = ForwardingApp(create_app(ApiSettings(), engine=make_engine(url="sqlite://"), episode_queue=RecordingQueue()))
+target = ForwardingApp(create_app(ApiSettings(), engine=create_db_engine(url="sqlite://"), episode_queue=RecordingQueue()))
 schema = schemathesis.openapi.from_asgi("/openapi.json", target)
 
 

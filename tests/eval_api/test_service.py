@@ -7,7 +7,8 @@ from fastapi.testclient import TestClient
 
 from services.eval_api.app import create_app
 from services.eval_api.settings import ApiSettings
-from services.store.db import make_engine
+from services.queue import QueueSettings
+from services.store.db import create_db_engine
 from tests.eval_api.conftest import RecordingQueue
 
 
@@ -23,7 +24,7 @@ def test_healthz_and_readyz(api):
 
 
 def test_readyz_fails_without_the_schema(tmp_path):
-    engine = make_engine(url=f"sqlite:///{tmp_path / 'empty.db'}")
+    engine = create_db_engine(url=f"sqlite:///{tmp_path / 'empty.db'}")
     app = create_app(ApiSettings(), engine=engine, episode_queue=RecordingQueue())
     with TestClient(app) as client:
         ready = client.get("/readyz")
@@ -33,7 +34,8 @@ def test_readyz_fails_without_the_schema(tmp_path):
 
 def test_readyz_with_the_real_producer_and_no_broker(store_engine):
     # Nothing listens on port 1: the real Celery producer must fail fast, not hang.
-    app = create_app(ApiSettings(redis_url="redis://127.0.0.1:1/0", broker_timeout_s=0.5), engine=store_engine)
+    app = create_app(ApiSettings(), engine=store_engine,
+                     queue_settings=QueueSettings(redis_url="redis://127.0.0.1:1/0", broker_timeout_s=0.5))
     with TestClient(app) as client:
         ready = client.get("/readyz")
     assert ready.status_code == 503 and ready.json()["checks"]["broker"].startswith("error:")

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
 from services.store import migrate
-from services.store.db import make_engine
+from services.store.db import create_db_engine
 from services.store.settings import StoreSettings
 
 TABLES = ("episodes", "evaluation_tags", "evaluations", "policies", "api_keys")
@@ -70,7 +70,7 @@ def pg_database(postgres_url) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def pg_engine(pg_database) -> Iterator[Engine]:
-    engine = make_engine(StoreSettings(database_url=pg_database, pool_size=4, max_overflow=16))
+    engine = create_db_engine(StoreSettings(database_url=pg_database, pool_size=4, max_overflow=16))
     yield engine
     engine.dispose()
 
@@ -93,7 +93,7 @@ def sqlite_url(sqlite_template, tmp_path) -> str:
 def store_engine(request) -> Iterator[Engine]:
     """A migrated, empty store on each backend."""
     if request.param == "sqlite":
-        engine = make_engine(url=request.getfixturevalue("sqlite_url"))
+        engine = create_db_engine(url=request.getfixturevalue("sqlite_url"))
         yield engine
         engine.dispose()
     else:

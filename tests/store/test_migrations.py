@@ -13,7 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
 from services.store import migrate
-from services.store.db import make_engine
+from services.store.db import create_db_engine
 from services.store.models import Base
 from tests.store.databases import create_postgres_database, drop_postgres_database
 
@@ -36,7 +36,7 @@ def empty_database(request, tmp_path):
 
 
 def _diff(url: str) -> list:
-    engine = make_engine(url=url)
+    engine = create_db_engine(url=url)
     try:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"compare_type": True})
@@ -46,7 +46,7 @@ def _diff(url: str) -> list:
 
 
 def _tables(url: str) -> set[str]:
-    engine = make_engine(url=url)
+    engine = create_db_engine(url=url)
     try:
         return set(inspect(engine).get_table_names()) - {"alembic_version"}
     finally:
@@ -62,7 +62,7 @@ def test_upgrade_from_empty_matches_the_models_and_downgrade_reverts(empty_datab
 
     head = migrate.head_revision()
     migrate.downgrade(empty_database, "-1")
-    engine = make_engine(url=empty_database)
+    engine = create_db_engine(url=empty_database)
     try:
         assert migrate.current_revision(engine) != head
     finally:
@@ -84,7 +84,7 @@ def test_a_model_change_without_a_migration_is_detected(empty_database):
     for table in Base.metadata.tables.values():
         table.to_metadata(changed)
     Table("new_table", changed, Column("id", Integer, primary_key=True))
-    engine = make_engine(url=empty_database)
+    engine = create_db_engine(url=empty_database)
     try:
         with engine.connect() as connection:
             diff = compare_metadata(MigrationContext.configure(connection), changed)
@@ -106,7 +106,7 @@ def test_the_alembic_command_reads_database_url(empty_database):
     assert _tables(empty_database) == TABLES
     alembic("check")  # autogenerate finds nothing to do
     alembic("downgrade", "-1")
-    engine = make_engine(url=empty_database)
+    engine = create_db_engine(url=empty_database)
     try:
         assert migrate.current_revision(engine) != migrate.head_revision()
     finally:

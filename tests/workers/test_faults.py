@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from services.episode_queue import CeleryEpisodeQueue
+from services.queue import CeleryEpisodeQueue
 from services.store.models import EvaluationStatus
 from services.workers.sweeper import Sweeper
 from tests.workers.conftest import (
@@ -32,8 +32,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
 @contextmanager
 def _running_sweeper(sessions, redis_url: str) -> Iterator[Sweeper]:
-    settings = fast_settings(redis_url)
-    sweeper = Sweeper(sessions, CeleryEpisodeQueue(redis_url, settings.episode_queue), settings)
+    settings = fast_settings()
+    sweeper = Sweeper(sessions, CeleryEpisodeQueue(redis_url), settings)
     sweeper.reenqueued = []  # every episode id it sent, for the tests to check
     sweep_once = sweeper.sweep_once
 

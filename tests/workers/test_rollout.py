@@ -1,5 +1,6 @@
-"""The rollout command (`services.workers.rollout`: `evalforge rollout`, `trainer rollout`) and the
-shared episode loop, on a real MetaWorld simulator against a real `policy-server --engine hf`."""
+"""The rollout command (`services/cli/rollout.py`: `evalforge rollout`, `trainer rollout`), the sequential
+rollout (`services.workers.rollout`) and the shared episode loop, on a real MetaWorld simulator against a
+real `policy-server --engine hf`; its summary against the store's aggregates on a real store."""
 
 from __future__ import annotations
 
@@ -11,11 +12,18 @@ import numpy as np
 import pytest
 
 from benchmarks.registry import get_suite
-from benchmarks.runner import EnvFailure, run_episode
+from benchmarks.runner import EnvFailure, run_policy_episode
 from benchmarks.suite import evaluation_seed
 from services.cli import main as evalforge_main
-from services.workers.rollout import PolicyMismatch, rollout
-from services.workers.rollout import main as rollout_main
+from services.cli.rollout import main as rollout_main
+from services.store import queries
+from services.store.aggregates import wilson_interval
+from services.store.db import make_session_factory
+from services.store.models import Evaluation
+from services.workers import rollout as rollout_module
+from services.workers.rollout import PolicyMismatch, rollout, summarize
+from tests.store.databases import sqlite_template, sqlite_url, store_engine  # noqa: F401  (fixtures)
+from tests.store.helpers import add_policy
 from tests.workers.conftest import REPO
 from trainer.cli import main as trainer_main
 
@@ -23,7 +31,7 @@ from trainer.cli import main as trainer_main
 def test_the_episode_loop_with_the_scripted_expert_succeeds():
     suite = get_suite("metaworld-mt1-reach")
     with suite.make_env("reach-v3", 0) as env:
-        outcome = run_episode(env, suite.expert("reach-v3"), seed=evaluation_seed(0))
+        outcome = run_policy_episode(env, suite.expert("reach-v3"), seed=evaluation_seed(0))
     assert outcome.success and 0 < outcome.steps < suite.max_steps("reach-v3")
     assert outcome.seed == evaluation_seed(0) and outcome.task == "reach-v3"
 
@@ -36,7 +44,68 @@ def test_a_simulator_exception_is_an_env_failure():
 
         env._step = broken_step
         with pytest.raises(EnvFailure, match="mujoco exploded"):
-            run_episode(env, lambda obs: np.zeros(4, np.float32), seed=1)
+            run_policy_episode(env, lambda obs: np.zeros(4, np.float32), seed=1)
+
+
+# (task, success, steps, latency mean ms, latency p95 ms, failure reason): a harness failure among them
+OUTCOMES = [("reach-v3", True, 40, 12.0, 20.0, None), ("reach-v3", False, 150, 14.0, 25.0, None),
+            ("reach-v3", True, 55, 11.0, 18.0, None), ("push-v3", False, None, 9.0, 12.0, "env_error"),
+            ("push-v3", True, 90, 13.0, 21.0, None), ("push-v3", False, 150, 15.0, 30.0, None)]
+
+
+def test_the_rollout_summary_is_the_store_aggregate_of_the_same_episodes(store_engine):  # noqa: F811
+    tasks = ["reach-v3", "push-v3"]
+    seeds = [evaluation_seed(i % 3) for i in range(len(OUTCOMES))]
+    results = [{"task": task, "seed": seed, "success": success, "total_reward": None, "steps": steps,
+                "duration_s": 1.5, "failure_reason": reason, "error_message": "mujoco exploded" if reason else None,
+                "inferences": 3, "latency_mean_ms": mean_ms, "latency_p95_ms": p95_ms}
+               for seed, (task, success, steps, mean_ms, p95_ms, reason) in zip(seeds, OUTCOMES, strict=True)]
+    rows = {row.pop("task"): row for row in summarize(results, tasks)}
+    assert [row.pop("episode_s") for row in rows.values()] == [1.5, 1.5, 1.5]
+
+    # The same outcomes as an evaluation's episode rows, finished as a worker finishes them.
+    sessions = make_session_factory(store_engine)
+    with sessions() as session:
+        policy = add_policy(session, tasks=tuple(tasks))
+        created = queries.create_evaluation(
+            session, policy_id=policy.id, suite="metaworld-mt10", tasks=tasks, episodes_per_task=3, seed=0,
+            max_steps=None, standard=False, tags=[],
+            episodes=[queries.EpisodeSpec(task=r["task"], seed=r["seed"], max_steps=150) for r in results])
+        by_key = {(e.task, e.seed): e.id for e in queries.list_episodes(session, created.evaluation.id)}
+        for r in results:
+            episode_id = by_key[(r["task"], r["seed"])]
+            assert queries.claim_episode(session, episode_id, "w", 60)
+            queries.finish_episode(session, episode_id, success=r["success"], steps=r["steps"], duration_s=1.5,
+                                   latency_mean_ms=r["latency_mean_ms"], latency_p95_ms=r["latency_p95_ms"],
+                                   failure_reason=r["failure_reason"], error_message=r["error_message"])
+        assert queries.finalize_evaluation_if_done(session, created.evaluation.id)
+        stored = queries.evaluation_results(session, session.get(Evaluation, created.evaluation.id))
+
+    assert rows["all"] == stored["overall"]
+    assert [rows[task] for task in tasks] == [{k: v for k, v in t.items() if k != "task"} for t in stored["per_task"]]
+    # The env_error is reported but left out of the rate: 3 of 5 scored episodes succeeded.
+    assert (rows["all"]["episodes"], rows["all"]["scored"], rows["all"]["succeeded"]) == (6, 5, 3)
+    assert rows["push-v3"]["failure_reasons"] == {"env_error": 1} and rows["push-v3"]["success_rate"] == 0.5
+    low, high = wilson_interval(3, 5)
+    assert rows["all"]["ci95"] == {"low": low, "high": high}
+
+
+def test_a_simulator_failure_is_recorded_and_the_rollout_goes_on(policy_server, monkeypatch):
+    real_run_episode, calls = rollout_module.run_policy_episode, []
+
+    def flaky_run_episode(env, policy, *, seed):
+        calls.append(seed)
+        if len(calls) == 1:
+            raise EnvFailure(f"reach-v3 seed {seed}: step 3 failed: mujoco exploded")
+        return real_run_episode(env, policy, seed=seed)
+
+    monkeypatch.setattr(rollout_module, "run_policy_episode", flaky_run_episode)
+    results = rollout(policy_server.ws_url, "metaworld-mt1-reach", ["reach-v3"], 2, max_steps=8)
+    assert [(r["failure_reason"], r["steps"]) for r in results] == [("env_error", None), (None, 8)]
+    assert "mujoco exploded" in results[0]["error_message"]
+    overall = summarize(results)[-1]
+    assert (overall["task"], overall["episodes"], overall["scored"]) == ("all", 2, 1)
+    assert overall["failure_reasons"] == {"env_error": 1}
 
 
 def test_rollout_against_a_running_server_prints_and_writes_the_table(policy_server, tmp_path, capsys):
@@ -50,7 +119,7 @@ def test_rollout_against_a_running_server_prints_and_writes_the_table(policy_ser
     assert seeds == [evaluation_seed(0), evaluation_seed(1)]
     assert all(e["steps"] == 12 and e["inferences"] == 3 for e in data["episodes"])  # chunk 4: 12 steps, 3 calls
     overall = data["summary"][-1]
-    assert overall["task"] == "all" and overall["episodes"] == 2
+    assert overall["task"] == "all" and overall["episodes"] == overall["scored"] == 2 and "ci95" in overall
 
 
 def test_rollout_starts_its_own_server_when_given_a_checkpoint(reach_checkpoint, capsys):
@@ -82,7 +151,7 @@ def test_evalforge_rollout_has_the_flags_of_the_module(capsys):
 
 
 def trainer_rollout(*args: str) -> subprocess.CompletedProcess:
-    """The `trainer rollout` command, which hands its process over to `python -m services.workers.rollout`."""
+    """The `trainer rollout` command, which hands its process over to `python -m services.cli.rollout`."""
     return subprocess.run([sys.executable, "-m", "trainer.cli", "rollout", *args], capture_output=True, text=True,
                           cwd=REPO, timeout=300)
 

@@ -76,7 +76,7 @@ def leaderboard_page(session: SessionDep, settings: SettingsDep, credentials: Cr
     if (refusal := _refused(session, settings, credentials)) is not None:
         return refusal
     catalogue = suites_by_name()
-    counts = reads.ranked_policy_counts(session, include_nonstandard=include_nonstandard)
+    counts = queries.ranked_policy_counts(session, include_nonstandard=include_nonstandard)
     ranked = sorted((name, count) for name, count in counts.items() if name in catalogue)
     unranked = sorted(name for name in catalogue if name not in counts)
     suite = suite or None  # `?suite=` is no suite

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Response
 from sqlalchemy.orm import Session
 
-from services.episode_queue import EpisodeQueue
 from services.eval_api.deps import (
     EpisodeQueueDep,
     MetricsDep,
@@ -33,6 +32,7 @@ from services.eval_api.schemas import (
     Tag,
     error_responses,
 )
+from services.queue import EpisodeQueue
 from services.store import queries
 from services.store.aggregates import EpisodeResult, summarize
 from services.store.models import EpisodeStatus, Evaluation, EvaluationStatus

@@ -1,0 +1,101 @@
+"""What the API-client verbs (``policy``, ``eval``, ``leaderboard``) share: options, errors, exit codes.
+
+    evalforge policy register --name N --endpoint ws://HOST:PORT/ws [--version V]
+    evalforge policy list
+    evalforge eval submit --policy ID|NAME|NAME:VERSION --suite S --episodes-per-task N [--watch]
+    evalforge eval status ID [--watch]
+    evalforge eval list [--policy P] [--suite S] [--status S] [--tag T] [--limit N]
+    evalforge eval cancel ID
+    evalforge leaderboard --suite S [--include-nonstandard]
+
+Every verb takes ``--api-url`` (default ``$EVALFORGE_API_URL``, else
+``http://127.0.0.1:8080``) and ``--api-key`` (default ``$EVALFORGE_API_KEY``;
+writes need one). ``--json`` prints the API's JSON instead of tables, for scripts.
+Exit codes: 0 done, 1 the API refused or could not be reached, 2 bad usage. These
+verbs are thin clients of the REST API (``services/client.py``) and import neither
+the web stack nor the store; building their parsers does not load httpx or rich.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported when a verb runs: building the parser must not load httpx and rich
+    from services.client import EvalForgeClient
+
+Handler = Callable[[argparse.Namespace, "EvalForgeClient"], int]
+
+
+def client_verb(handler: Handler) -> Callable[[argparse.Namespace], int]:
+    """Run ``handler`` with a client from ``--api-url``/``--api-key``; API errors are exit 1, usage errors 2."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        from services.client import ApiRequestError, EvalForgeClient, WatchTimeout
+
+        verb = f"evalforge {args.command}" + (f" {args.action}" if getattr(args, "action", None) else "")
+        try:
+            client = EvalForgeClient(args.api_url, args.api_key, timeout_s=args.timeout_s)
+        except ValueError as exc:
+            print(f"{verb}: {exc}", file=sys.stderr)
+            return 2
+        try:
+            with client:
+                return handler(args, client)
+        except (ApiRequestError, WatchTimeout) as exc:
+            print(f"{verb}: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"{verb}: interrupted; evaluations go on on the server", file=sys.stderr)
+            return 130
+
+    return run
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {value}")
+    return value
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """``--api-url``, ``--api-key``, ``--timeout``."""
+    group = parser.add_argument_group("API connection")
+    group.add_argument("--api-url", metavar="URL",
+                       help="the evaluation API (default: $EVALFORGE_API_URL, else http://127.0.0.1:8080)")
+    group.add_argument("--api-key", metavar="KEY",
+                       help="API key for writes, from `evalforge apikey create` (default: $EVALFORGE_API_KEY)")
+    group.add_argument("--timeout", dest="timeout_s", type=positive_float, default=10.0, metavar="SECONDS",
+                       help="per-request timeout (default: 10)")
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the API's JSON instead of tables")
+
+
+def add_watch_options(parser: argparse.ArgumentParser) -> None:
+    """``--watch``, ``--poll``, ``--watch-timeout``."""
+    parser.add_argument("--watch", action="store_true",
+                        help="show a progress bar until the evaluation is done, then its results")
+    parser.add_argument("--poll", dest="poll_s", type=positive_float, default=1.0, metavar="SECONDS",
+                        help="with --watch: seconds between polls (default: 1)")
+    parser.add_argument("--watch-timeout", dest="watch_timeout_s", type=positive_float, metavar="SECONDS",
+                        help="with --watch: give up after this long (exit 1; the evaluation goes on)")

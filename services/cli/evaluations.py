@@ -1,0 +1,137 @@
+"""Submit evaluations to the evaluation API, follow them, list and cancel them.
+
+An evaluation plays every task of a suite (or --task subsets) for
+--episodes-per-task episodes on held-out evaluation seeds; --watch shows its
+progress until it is done, then its per-task results with Wilson 95% intervals.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from services.cli.connection import (
+    add_connection_options,
+    add_json_option,
+    add_watch_options,
+    client_verb,
+    positive_int,
+)
+
+if TYPE_CHECKING:
+    from services.client import EvalForgeClient, EvaluationReport
+
+EVALUATION_STATUSES = ("pending", "running", "finished", "cancelled", "failed")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    submit_parser = actions.add_parser("submit", help="start an evaluation")
+    submit_parser.add_argument("--policy", required=True, metavar="ID|NAME|NAME:VERSION",
+                               help="a registered policy (`evalforge policy list`)")
+    submit_parser.add_argument("--suite", required=True, help="benchmark suite, e.g. metaworld-mt10 (GET /suites)")
+    submit_parser.add_argument("--episodes-per-task", required=True, type=positive_int, metavar="N")
+    submit_parser.add_argument("--seed", type=int, default=0, help="first evaluation seed (default: 0)")
+    submit_parser.add_argument("--task", dest="tasks", action="append", metavar="TASK",
+                               help="evaluate only this task (repeatable; default: every task of the suite)")
+    submit_parser.add_argument("--max-steps", type=positive_int, metavar="N",
+                               help="step limit per episode, at most each task's own (default: the task's)")
+    submit_parser.add_argument("--tag", dest="tags", action="append", metavar="TAG", help="a label (repeatable)")
+    submit_parser.add_argument("--idempotency-key", metavar="KEY",
+                               help="retry-safe submission: the same key and request return the same evaluation")
+    add_watch_options(submit_parser)
+    submit_parser.set_defaults(action_run=client_verb(submit))
+
+    status_parser = actions.add_parser("status", help="an evaluation's status and results")
+    status_parser.add_argument("id", type=positive_int, help="evaluation id (`evalforge eval list`)")
+    add_watch_options(status_parser)
+    status_parser.set_defaults(action_run=client_verb(status))
+
+    list_parser = actions.add_parser("list", help="evaluations, newest first")
+    list_parser.add_argument("--policy", metavar="ID|NAME|NAME:VERSION", help="only this policy's")
+    list_parser.add_argument("--suite", help="only this suite's")
+    list_parser.add_argument("--status", choices=EVALUATION_STATUSES, help="only those in this status")
+    list_parser.add_argument("--tag", help="only those with this tag")
+    list_parser.add_argument("--limit", type=positive_int, default=20, metavar="N", help="at most N (default: 20)")
+    list_parser.set_defaults(action_run=client_verb(list_evaluations))
+
+    cancel_parser = actions.add_parser("cancel", help="cancel an evaluation")
+    cancel_parser.add_argument("id", type=positive_int, help="evaluation id")
+    cancel_parser.set_defaults(action_run=client_verb(cancel))
+
+    for action_parser in (submit_parser, status_parser, list_parser, cancel_parser):
+        add_connection_options(action_parser)
+        add_json_option(action_parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    return args.action_run(args)
+
+
+def _watch(args: argparse.Namespace, client: EvalForgeClient, evaluation_id: int) -> EvaluationReport:
+    from services.cli.render import watch_with_progress
+
+    return watch_with_progress(client, evaluation_id, poll_s=args.poll_s, timeout_s=args.watch_timeout_s)
+
+
+def submit(args: argparse.Namespace, client: EvalForgeClient) -> int:
+    from services.cli.render import print_json, print_results, stdout_console
+
+    policy = client.resolve_policy(args.policy)
+    report = client.submit_evaluation(policy.id, args.suite, args.episodes_per_task, seed=args.seed,
+                                      tasks=args.tasks, max_steps=args.max_steps, tags=args.tags,
+                                      idempotency_key=args.idempotency_key)
+    if not args.json:
+        print(f"submitted evaluation {report.id}: {report.policy.label} on {report.suite}, "
+              f"{report.episodes_total} episodes ({len(report.tasks)} tasks × {report.episodes_per_task})"
+              + ("" if args.watch else f"; follow it with `evalforge eval status {report.id} --watch`"))
+    if args.watch:
+        report = _watch(args, client, report.id)
+        if not args.json:
+            print_results(report, stdout_console())
+    if args.json:
+        print_json(report)
+    return 0
+
+
+def status(args: argparse.Namespace, client: EvalForgeClient) -> int:
+    from services.cli.render import print_json, print_results, status_line, stdout_console
+
+    report = _watch(args, client, args.id) if args.watch else client.get_evaluation(args.id)
+    if args.json:
+        print_json(report)
+        return 0
+    print(status_line(report))
+    if report.episodes_done:
+        print_results(report, stdout_console())
+    return 0
+
+
+def list_evaluations(args: argparse.Namespace, client: EvalForgeClient) -> int:
+    from services.cli.render import print_evaluations, print_json, stdout_console
+
+    policy_id = client.resolve_policy(args.policy).id if args.policy is not None else None
+    rows = client.list_evaluations(limit=args.limit, policy_id=policy_id, suite=args.suite, status=args.status,
+                                   tag=args.tag)
+    if args.json:
+        print_json(rows)
+        return 0
+    if not rows:
+        print("no evaluations match; submit one with `evalforge eval submit --policy P --suite S "
+              "--episodes-per-task N`")
+        return 0
+    print_evaluations(rows, stdout_console())
+    return 0
+
+
+def cancel(args: argparse.Namespace, client: EvalForgeClient) -> int:
+    from services.cli.render import print_json
+
+    report = client.cancel_evaluation(args.id)
+    if args.json:
+        print_json(report)
+        return 0
+    print(f"evaluation {report.id} is {report.status}: {report.counts.get('cancelled', 0)} episodes "
+          f"cancelled, {report.counts.get('running', 0)} still running finish first")
+    return 0

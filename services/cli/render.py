@@ -1,0 +1,205 @@
+"""Terminal rendering of the API's answers: results, leaderboard and listing tables, watch progress.
+
+Used by the ``evalforge`` client verbs and by scripts that show what the client
+(``services/client.py``) returns, e.g. ``make demo``. On a terminal a table fits the
+terminal, as rich draws it; written to a file or a pipe (a log), a table is drawn
+at its full width, so that no name or number is cut to the 80 columns rich assumes
+there (``print_table``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from pydantic import BaseModel
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from services.client import (
+    EPISODE_STATUSES,
+    EvalForgeClient,
+    EvaluationRecord,
+    EvaluationReport,
+    Leaderboard,
+    PolicyRecord,
+    ResultFigures,
+    SuccessInterval,
+)
+
+# Wider than any table here; only bounds the measurement of a table's natural width.
+_UNBOUNDED_WIDTH = 10_000
+
+
+def stdout_console() -> Console:
+    """The console the verbs print to (no highlighting of numbers and URLs in plain text)."""
+    return Console(highlight=False)
+
+
+class _NaturalWidth:
+    """``renderable`` drawn at the width it needs, whatever width the console has."""
+
+    def __init__(self, renderable: Table) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        wide = options.update_width(_UNBOUNDED_WIDTH)
+        yield from console.render(self.renderable, options.update_width(
+            Measurement.get(console, wide, self.renderable).maximum))
+
+
+def print_table(console: Console, table: Table) -> None:
+    """``table`` on ``console``: fitted to a terminal; at its natural width elsewhere (never cut)."""
+    if console.is_terminal:
+        console.print(table)
+    else:  # rich would fit it into the 80 columns it assumes for a file, eliding names with "…"
+        console.print(_NaturalWidth(table), crop=False)
+
+
+def percent(rate: float | None) -> str:
+    return "–" if rate is None else f"{100 * rate:.1f}%"
+
+
+def interval(ci: SuccessInterval | None) -> str:
+    """A Wilson interval as ``[low, high]`` in percent (it is not symmetric, so no ±)."""
+    return "–" if ci is None else f"[{100 * ci.low:.1f}, {100 * ci.high:.1f}]"
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    return "–" if value is None else f"{value:,.1f}{unit}"
+
+
+def _failures(reasons: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {count}" for reason, count in reasons.items() if count) or ""
+
+
+def _when(value: datetime | None) -> str:
+    return "–" if value is None else value.strftime("%Y-%m-%d %H:%M")
+
+
+def progress_stats(report: EvaluationReport) -> str:
+    """``finished · success 3/4 (75.0%) · pending 2 · …``: status, success so far, episodes per status."""
+    parts = [report.status]
+    if report.overall.scored:
+        parts.append(f"success {report.overall.succeeded}/{report.overall.scored} "
+                     f"({percent(report.overall.success_rate)})")
+    parts += [f"{status} {report.counts[status]}" for status in EPISODE_STATUSES if report.counts.get(status)]
+    return " · ".join(parts)
+
+
+def status_line(report: EvaluationReport) -> str:
+    """One line: status, policy, suite, episodes done and per status."""
+    counts = ", ".join(f"{status} {n}" for status, n in report.counts.items() if n)
+    return (f"evaluation {report.id}: {report.status} · policy {report.policy.label} (id {report.policy.id}) · "
+            f"{report.suite} · {report.episodes_done}/{report.episodes_total} episodes done "
+            f"({counts or 'none yet'})")
+
+
+def watch_with_progress(client: EvalForgeClient, evaluation_id: int, *, console: Console | None = None,
+                        poll_s: float = 1.0, timeout_s: float | None = None) -> EvaluationReport:
+    """``client.watch_evaluation`` with its progress shown on ``console`` (default: stderr).
+
+    On a terminal this is a progress bar of episodes done, with the success rate so
+    far and the episodes per status; elsewhere (a log, a pipe) one line each time the
+    progress changes. Returns the final report; ``WatchTimeout`` as the client's.
+    """
+    console = console or Console(stderr=True)
+    if console.is_terminal:
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
+        with Progress(*columns, console=console) as progress:
+            bars: list = []
+
+            def show(report: EvaluationReport) -> None:
+                if not bars:
+                    bars.append(progress.add_task(f"evaluation {report.id}", total=report.episodes_total,
+                                                  stats=""))
+                progress.update(bars[0], completed=report.episodes_done, total=report.episodes_total,
+                                stats=progress_stats(report))
+
+            return client.watch_evaluation(evaluation_id, poll_s=poll_s, timeout_s=timeout_s, on_report=show)
+    shown: list[str] = []
+
+    def show_line(report: EvaluationReport) -> None:
+        line = (f"evaluation {report.id}: {report.episodes_done}/{report.episodes_total} episodes done · "
+                f"{progress_stats(report)}")
+        if not shown or shown[-1] != line:
+            console.print(line, highlight=False, soft_wrap=True)
+            shown.append(line)
+
+    return client.watch_evaluation(evaluation_id, poll_s=poll_s, timeout_s=timeout_s, on_report=show_line)
+
+
+def print_results(report: EvaluationReport, console: Console) -> None:
+    """Per-task results of an evaluation: episodes, success rate with its 95% interval, mean steps,
+    median policy latency and failure reasons, then the overall row."""
+    title = f"evaluation {report.id} · {report.policy.label} · {report.suite} · {report.status}"
+    table = Table(title=title, title_justify="left")
+    table.add_column("task")
+    for column in ("episodes", "success", "95% CI", "mean steps", "latency p50"):
+        table.add_column(column, justify="right")
+    table.add_column("failures")
+
+    def row(name: str, results: ResultFigures, style: str | None = None) -> None:
+        latency = results.latency_ms.p50 if results.latency_ms is not None else None
+        success = percent(results.success_rate)
+        if results.scored:
+            success += f" ({results.succeeded}/{results.scored})"
+        table.add_row(name, str(results.episodes), success, interval(results.ci95), _number(results.mean_steps),
+                      _number(latency, " ms"), _failures(results.failure_reasons), style=style)
+
+    for task in report.per_task:
+        row(task.task, task)
+    table.add_section()
+    row("overall", report.overall, style="bold")
+    print_table(console, table)
+
+
+def print_leaderboard(board: Leaderboard, console: Console) -> None:
+    """A suite's leaderboard: rank, policy, success rate with its 95% interval, episodes, date."""
+    scope = " (all evaluations, incl. task subsets)" if board.include_nonstandard else ""
+    if not board.entries:
+        console.print(f"no finished evaluations of every task on {board.suite} yet{scope}; submit one with "
+                      f"`evalforge eval submit --suite {board.suite} …`", highlight=False, soft_wrap=True)
+        return
+    table = Table(title=f"leaderboard · {board.suite}{scope}", title_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("policy")
+    table.add_column("version")
+    for column in ("success", "95% CI", "episodes", "evaluation"):
+        table.add_column(column, justify="right")
+    table.add_column("finished (UTC)")
+    for entry in board.entries:
+        table.add_row(str(entry.rank), entry.policy.name, entry.policy.version, percent(entry.success_rate),
+                      interval(entry.ci95), str(entry.episodes), str(entry.evaluation_id), _when(entry.finished_at))
+    print_table(console, table)
+
+
+def print_policies(policies: Iterable[PolicyRecord], console: Console) -> None:
+    table = Table()
+    for column in ("id", "name", "version", "checkpoint", "tasks", "endpoint", "registered (UTC)"):
+        table.add_column(column, justify="right" if column in ("id", "tasks") else "left")
+    for p in policies:
+        table.add_row(str(p.id), p.name, p.version, p.checkpoint_sha256[:12], str(len(p.tasks)), p.endpoint,
+                      _when(p.created_at))
+    print_table(console, table)
+
+
+def print_evaluations(evaluations: Iterable[EvaluationRecord], console: Console) -> None:
+    table = Table()
+    for column in ("id", "policy", "suite", "status", "episodes", "success", "created (UTC)", "tags"):
+        table.add_column(column, justify="right" if column in ("id", "episodes", "success") else "left")
+    for e in evaluations:
+        table.add_row(str(e.id), e.policy.label, e.suite + ("" if e.standard else " (subset)"), e.status,
+                      str(e.episodes_total), percent(e.success_rate), _when(e.created_at), ", ".join(e.tags))
+    print_table(console, table)
+
+
+def print_json(answer: BaseModel | Sequence[BaseModel]) -> None:
+    """An answer (or a list of them) as the API's JSON, for scripts (``--json``)."""
+    value = ([item.model_dump(mode="json") for item in answer] if isinstance(answer, Sequence)
+             else answer.model_dump(mode="json"))
+    print(json.dumps(value, indent=2, ensure_ascii=False))
