@@ -16,7 +16,14 @@ from datetime import datetime
 from pydantic import BaseModel
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from services.client import (
@@ -111,7 +118,7 @@ def watch_with_progress(client: EvalForgeClient, evaluation_id: int, *, console:
         columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[stats]}"), TimeElapsedColumn())
         with Progress(*columns, console=console) as progress:
-            bars: list = []
+            bars: list[TaskID] = []  # the one bar, added with the first report
 
             def show(report: EvaluationReport) -> None:
                 if not bars:
