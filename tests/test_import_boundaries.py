@@ -1,8 +1,10 @@
 """DESIGN.md's import arrows ("Top-level layout"): serving a policy needs no Python from `trainer`
-(policy.json is the whole contract), `trainer` needs nothing of `services` (a command of both, like
-`trainer rollout`, crosses as a process: `python -m services.workers.rollout`), `benchmarks/` stays
-a leaf that both sides may import, and `services/protocol` is a leaf package a simulator's Python
-environment installs alone. Checked on the source, so a lazy import inside a function counts too."""
+(policy.json is the contract, implemented once in the `policy_format/` leaf that both sides import),
+`trainer` needs nothing of `services` (a command of both, like `trainer rollout`, crosses as a
+process), `benchmarks/` stays a leaf that both sides may import, `services/protocol` is a leaf
+distribution a simulator's Python environment installs alone, and the queue contract
+(`services/queue.py`) and the process supervisor (`services/supervisor.py`) import nothing of the
+services they serve. Checked on the source, so a lazy import inside a function counts too."""
 
 from __future__ import annotations
 
@@ -22,17 +24,26 @@ OURS = frozenset({p.name for p in REPO.iterdir() if p.is_dir() and not p.name.st
 FORBIDDEN = {
     "services": ({"trainer"}, set()),
     "trainer": ({"services"}, set()),
-    "benchmarks": ({"trainer", "services"}, set()),
+    "benchmarks": ({"trainer", "services", "policy_format"}, set()),
+    "policy_format": (OURS, {"policy_format"}),
     "services/protocol": (OURS, {"services.protocol"}),
-    # The API and the workers meet only in the store and the queue contract
-    # (services/episode_queue.py, services/broker.py), never in each other's code.
-    "services/workers": ({"services.eval_api", "services.policy_server"}, set()),
-    "services/eval_api": ({"services.workers", "services.policy_server"}, set()),
-    "services/store": ({"services.eval_api", "services.workers", "services.policy_server"}, set()),
+    "services/policy_server": (OURS, {"services.policy_server", "services.protocol", "policy_format"}),
+    # The API and the workers meet only in the store and the queue contract (services/queue.py),
+    # never in each other's code.
+    "services/workers": ({"services.eval_api", "services.policy_server", "services.cli", "trainer",
+                          "policy_format"}, set()),
+    "services/eval_api": ({"services.workers", "services.policy_server", "services.cli", "trainer",
+                           "policy_format"}, set()),
+    "services/store": (OURS, {"services.store"}),
+    "services/queue.py": (OURS, set()),
+    "services/supervisor.py": (OURS, set()),
+    # The HTTP client is only the client: the terminal rendering lives with the CLI.
+    "services/client.py": (OURS, set()),
 }
 
-# The protocol's third-party dependencies (pyproject.toml [project] dependencies); the rest is stdlib.
+# The leaves' third-party dependencies (their pyproject.toml dependencies); the rest is stdlib.
 PROTOCOL_DEPENDENCIES = {"msgpack", "numpy", "websockets"}
+POLICY_FORMAT_DEPENDENCIES = {"numpy"}
 
 
 def imported_modules(path: Path) -> dict[str, int]:
@@ -65,7 +76,8 @@ def test_ours_names_the_packages_the_rules_name():
 @pytest.mark.parametrize("directory", list(FORBIDDEN))
 def test_package_does_not_import_what_design_forbids(directory):
     forbidden, allowed = FORBIDDEN[directory]
-    files = sorted((REPO / directory).rglob("*.py"))
+    root = REPO / directory
+    files = [root] if root.is_file() else sorted(root.rglob("*.py"))
     assert files
     offending = [f"{path.relative_to(REPO)}:{line} imports {module}"
                  for path in files for module, line in imported_modules(path).items()
@@ -73,9 +85,29 @@ def test_package_does_not_import_what_design_forbids(directory):
     assert not offending, f"DESIGN.md forbids these imports in {directory}/: {offending}"
 
 
-def test_the_protocol_depends_on_msgpack_numpy_and_websockets_only():
+@pytest.mark.parametrize(("directory", "dependencies"), [("services/protocol", PROTOCOL_DEPENDENCIES),
+                                                         ("policy_format", POLICY_FORMAT_DEPENDENCIES)])
+def test_a_leaf_uses_only_its_declared_dependencies(directory, dependencies):
     offending = [f"{path.relative_to(REPO)}:{line} imports {module}"
-                 for path in sorted((REPO / "services/protocol").rglob("*.py"))
+                 for path in sorted((REPO / directory).rglob("*.py"))
                  for module, line in imported_modules(path).items()
-                 if module.split(".")[0] not in sys.stdlib_module_names | PROTOCOL_DEPENDENCIES | OURS]
-    assert not offending, f"services/protocol may use only {sorted(PROTOCOL_DEPENDENCIES)} and the stdlib: {offending}"
+                 if module.split(".")[0] not in sys.stdlib_module_names | dependencies | OURS]
+    assert not offending, f"{directory} may use only {sorted(dependencies)} and the stdlib: {offending}"
+
+
+@pytest.mark.parametrize("gone", ["trainer/policy_file.py", "services/policy_server/policy_format.py",
+                                  "services/broker.py", "services/episode_queue.py", "services/client_cli.py",
+                                  "services/protocol/launcher.py", "services/protocol/_speedups.c", "setup.py"])
+def test_what_now_lives_in_one_place_is_not_left_behind(gone):
+    assert not (REPO / gone).exists(), f"{gone} was consolidated (issue 15); its one home is named in DESIGN.md"
+
+
+def test_the_layout_design_md_names_exists():
+    for path in ("policy_format/__init__.py", "services/protocol/pyproject.toml", "services/queue.py",
+                 "services/supervisor.py", "services/cli/__init__.py"):
+        assert (REPO / path).is_file(), path
+
+
+def test_the_http_client_draws_nothing():
+    used = {module.split(".")[0] for module in imported_modules(REPO / "services/client.py")}
+    assert not used & {"rich", "fastapi", "sqlalchemy"}, "services/client.py is the client only (DESIGN.md)"

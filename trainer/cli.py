@@ -33,7 +33,7 @@ VERBS = {
 
 # verb → (module run as `python -m`, help, the command it is, the extras it needs)
 HANDED_OVER = {
-    "rollout": ("services.workers.rollout",
+    "rollout": ("services.cli.rollout",
                 "evaluate a policy checkpoint on a suite, sequentially, against a policy server",
                 "evalforge rollout", "services,sim"),
 }
