@@ -1,14 +1,18 @@
-"""Codec benchmark: our msgpack codec against plain msgpack, pickle and JSON+base64.
+"""Codec benchmark: our pure-Python msgpack codec against openpi-client's own, side by side.
 
 Two payloads, as the protocol issue specifies:
   (a) a state observation: 39 float32 + a task name;
   (b) two 224x224x3 uint8 images plus the state.
-For each codec: encode, decode and round-trip time (median of repeated timed
-loops), and decode throughput in GB/s of frame bytes. "plain msgpack" packs the
-same dict with the arrays as raw bytes and no validation: the floor our codec
-adds to. "json+base64" is the json_numpy route.
+Codecs: ``evalforge`` (``services.protocol.codec``, every check of the protocol on),
+``openpi-client`` (``openpi_client.msgpack_numpy`` from PyPI, the codec openpi's clients and
+servers use; its frames are byte-identical to ours), "plain msgpack" (the arrays as raw bytes, no
+NumPy and no checks: the floor both add to), pickle, and json+base64 (the json_numpy route).
 
-    .venv/bin/python bench/protocol_codec.py [--quick]
+Every codec's timing loops are interleaved round by round, so a change in machine load hits all
+of them alike; each cell is the median over the rounds of the per-call time of one loop. The
+second table is the head-to-head: openpi-client's time divided by ours (above 1: ours is faster).
+
+    .venv/bin/python bench/protocol_codec.py [--quick] [--rounds N]
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import pickle
 import platform
 import statistics
@@ -26,10 +31,13 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+from openpi_client import msgpack_numpy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.protocol.codec import packb, unpackb  # noqa: E402
+
+OURS, OPENPI = "evalforge", "openpi-client"
 
 
 def _payloads() -> dict[str, dict]:
@@ -64,62 +72,91 @@ def _json_hook(obj):
 
 CODECS: dict[str, tuple[Callable, Callable, bool]] = {
     # name: (encode, decode, encode the raw-bytes variant of the payload)
-    "evalforge": (packb, unpackb, False),
+    OURS: (packb, unpackb, False),
+    OPENPI: (msgpack_numpy.packb, msgpack_numpy.unpackb, False),
     "plain msgpack (raw bytes)": (lambda o: msgpack.packb(o, use_bin_type=True), lambda b: msgpack.unpackb(b, raw=False), True),
     "pickle": (lambda o: pickle.dumps(o, protocol=5), pickle.loads, False),
     "json+base64": (lambda o: json.dumps(o, default=_json_default).encode(), lambda b: json.loads(b, object_hook=_json_hook), False),
 }
 
 
-def _time(fn: Callable[[], object], budget_s: float) -> float:
-    """Median seconds per call over timed loops that fill ``budget_s``."""
+def _calls_per_loop(fn: Callable[[], object], loop_s: float) -> int:
     fn()
     n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 0.05:
+    while time.perf_counter() - start < loop_s:
         fn()
         n += 1
-    per_loop = max(n, 1)
-    samples = []
-    deadline = time.perf_counter() + budget_s
-    while time.perf_counter() < deadline or len(samples) < 5:
-        t0 = time.perf_counter()
-        for _ in range(per_loop):
-            fn()
-        samples.append((time.perf_counter() - t0) / per_loop)
-    return statistics.median(samples)
+    return max(n, 1)
 
 
-def run(budget_s: float) -> list[dict]:
+def _interleaved(fns: dict[str, Callable[[], object]], rounds: int, loop_s: float) -> dict[str, float]:
+    """Median seconds per call of each function, their timing loops taking turns round by round."""
+    per_loop = {name: _calls_per_loop(fn, loop_s) for name, fn in fns.items()}
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotate who goes first
+            fn, n = fns[name], per_loop[name]
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[name].append((time.perf_counter() - start) / n)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def run(rounds: int, loop_s: float) -> list[dict]:
     rows = []
     for payload_name, payload in _payloads().items():
+        frames, fns = {}, {}
         for codec_name, (encode, decode, raw) in CODECS.items():
             obj = _raw(payload) if raw else payload
-            frame = encode(obj)
-            enc = _time(lambda: encode(obj), budget_s)  # noqa: B023
-            dec = _time(lambda: decode(frame), budget_s)  # noqa: B023
-            rt = _time(lambda: decode(encode(obj)), budget_s)  # noqa: B023
-            rows.append({"payload": payload_name, "codec": codec_name, "bytes": len(frame), "encode_us": enc * 1e6,
-                         "decode_us": dec * 1e6, "roundtrip_us": rt * 1e6, "decode_GBps": len(frame) / dec / 1e9})
+            frame = frames[codec_name] = encode(obj)
+            fns[codec_name, "encode"] = lambda e=encode, o=obj: e(o)
+            fns[codec_name, "decode"] = lambda d=decode, f=frame: d(f)
+            fns[codec_name, "roundtrip"] = lambda e=encode, d=decode, o=obj: d(e(o))
+        assert frames[OURS] == frames[OPENPI], "our frames and openpi-client's differ"
+        times = _interleaved(fns, rounds, loop_s)
+        for codec_name in CODECS:
+            size = len(frames[codec_name])
+            rows.append({"payload": payload_name, "codec": codec_name, "bytes": size,
+                         "encode_us": times[codec_name, "encode"] * 1e6, "decode_us": times[codec_name, "decode"] * 1e6,
+                         "roundtrip_us": times[codec_name, "roundtrip"] * 1e6,
+                         "decode_GBps": size / times[codec_name, "decode"] / 1e9})
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="short timing loops (smoke run)")
+    parser.add_argument("--quick", action="store_true", help="few, short timing loops (smoke run)")
+    parser.add_argument("--rounds", type=int, default=25, help="timing rounds per cell (default 25)")
     args = parser.parse_args()
-    rows = run(0.05 if args.quick else 0.5)
-    print(f"# protocol codec — {platform.processor() or platform.machine()}, {platform.python_version()}, "
-          f"msgpack {'.'.join(map(str, msgpack.version))}, numpy {np.__version__}")
+    rounds, loop_s = (5, 0.005) if args.quick else (args.rounds, 0.02)
+    rows = run(rounds, loop_s)
+    from importlib.metadata import version
+
+    print(f"# protocol codec — {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+          f"msgpack {'.'.join(map(str, msgpack.version))}, numpy {np.__version__}, "
+          f"openpi-client {version('openpi-client')}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+          f"median of {rounds} interleaved rounds")
     print("| payload | codec | frame bytes | encode µs | decode µs | round trip µs | decode GB/s |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['payload']} | {r['codec']} | {r['bytes']} | {r['encode_us']:.2f} | {r['decode_us']:.2f} | "
               f"{r['roundtrip_us']:.2f} | {r['decode_GBps']:.2f} |")
     by = {(r["payload"], r["codec"]): r for r in rows}
-    a, b = "(a) state obs", "(b) 2 images + state"
-    ratio_a = by[a, "evalforge"]["roundtrip_us"] / by[a, "plain msgpack (raw bytes)"]["roundtrip_us"]
-    gbps_b = by[b, "evalforge"]["decode_GBps"]
-    vs_json = by[b, "json+base64"]["roundtrip_us"] / by[b, "evalforge"]["roundtrip_us"]
+    payloads = list(_payloads())
+    print()
+    print(f"| payload | {OPENPI} ÷ {OURS}: encode | decode | round trip | faster on all three |")
+    print("|---|---:|---:|---:|:-:|")
+    for payload in payloads:
+        ours, theirs = by[payload, OURS], by[payload, OPENPI]
+        ratios = [theirs[k] / ours[k] for k in ("encode_us", "decode_us", "roundtrip_us")]
+        print(f"| {payload} | {ratios[0]:.2f}× | {ratios[1]:.2f}× | {ratios[2]:.2f}× | "
+              f"{'yes' if min(ratios) > 1 else 'NO'} |")
+    a, b = payloads
+    ratio_a = by[a, OURS]["roundtrip_us"] / by[a, "plain msgpack (raw bytes)"]["roundtrip_us"]
+    gbps_b = by[b, OURS]["decode_GBps"]
+    vs_json = by[b, "json+base64"]["roundtrip_us"] / by[b, OURS]["roundtrip_us"]
     print()
     print("| target | measured | met |")
     print("|---|---:|:-:|")

@@ -20,10 +20,14 @@ Anything wrong raises ``ProtocolError`` naming the problem. Decoded arrays are
 read-only views over the buffer msgpack's C unpacker produced for the frame: no
 per-array copy is made, as in openpi.
 
-Pure Python over msgpack's C extension, nothing to compile: the common cases
-(openpi-keyed arrays of a dtype seen before, frames of plain maps and lists) take
-short paths, so it stays faster than openpi-client's own codec with all its checks
-(``bench/protocol_codec.py`` measures both; ``docs/benchmarks.md`` has the figures).
+Pure Python over msgpack's C extension, nothing to compile. Decoding lets msgpack
+build plain containers (no per-map ``object_hook`` call from C, no ``ext_hook``) and
+then walks the tree once, converting array and scalar maps in place and checking
+depth and extension types on the way; the common array (openpi's keys, a dtype seen
+before) takes a short path. Encoding packs arrays through one ``default`` callback.
+With all its checks it stays faster than openpi-client's own codec on the same
+payloads (``bench/protocol_codec.py`` measures both; ``docs/benchmarks.md`` has the
+figures).
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ _ZERO_COPY_ENCODE_BYTES = 16 * 1024
 _DTYPE_CACHE: dict[str, np.dtype] = {}
 _DTYPE_CACHE_MAX = 256
 _ENCODE_DTYPE_STR: dict[np.dtype, str] = {}
+_frombuffer, _ndarray = np.frombuffer, np.ndarray  # (module globals: one attribute lookup less per array)
+_Timestamp, _ExtType = msgpack.Timestamp, msgpack.ExtType
 
 
 def _field(obj: dict, name: str) -> Any:
@@ -107,22 +113,14 @@ def _shape(spec: Any) -> tuple[int, ...]:
 
 
 def _decode_ndarray(obj: dict) -> np.ndarray:
-    """An array map → a read-only array over its data; the checks of the module docstring."""
+    """An array map → a read-only array over its data; the checks of the module docstring.
+
+    ``_decode_map`` takes the common case (openpi's keys, a dtype accepted before, a shape
+    that fits the data) itself and hands everything else to this function.
+    """
     data = obj.get(b"data")
     spec = obj.get(b"dtype")
     shape = obj.get(b"shape")
-    # Fast path: openpi's keys, a dtype accepted before, a shape of non-negative ints that fits the data.
-    if type(data) is bytes and type(spec) is str and type(shape) is list and len(shape) <= MAX_NDIM:
-        dtype = _DTYPE_CACHE.get(spec)
-        if dtype is not None:
-            size = dtype.itemsize
-            for dim in shape:
-                if type(dim) is not int or dim < 0:
-                    break
-                size *= dim
-            else:
-                if size == len(data):
-                    return np.frombuffer(data, dtype) if len(shape) == 1 else np.ndarray(shape, dtype, data)
     if data is None:
         data = _field(obj, "data")
     if type(data) is not bytes:
@@ -172,14 +170,6 @@ def _encode_default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__} in a protocol frame")
 
 
-def _object_hook(obj: dict) -> Any:
-    if b"__ndarray__" in obj or "__ndarray__" in obj:
-        return _decode_ndarray(obj)
-    if b"__npgeneric__" in obj or "__npgeneric__" in obj:
-        return _decode_generic(obj)
-    return obj
-
-
 def packb(obj: Any) -> bytes:
     """Encode ``obj`` (dicts, lists, scalars, strings, bytes, NumPy arrays and scalars)."""
     # A fresh packer per frame: a long-lived one keeps a frame-sized buffer whose
@@ -189,25 +179,77 @@ def packb(obj: Any) -> bytes:
 
 
 class _TooDeep(Exception):
-    """Raised by ``_check_tree``; ``unpackb`` turns it into a ``ProtocolError`` naming the cap."""
+    """Raised while decoding the tree; ``unpackb`` turns it into a ``ProtocolError`` naming the cap."""
 
 
-def _check_tree(node: dict | list, max_depth: int) -> None:
-    """Refuse nesting deeper than ``max_depth`` and msgpack timestamps.
+def _refuse_leaf(value: Any) -> None:
+    if type(value) is _Timestamp:
+        raise ProtocolError("msgpack extension type -1 (timestamp) is not part of the protocol")
+    raise ProtocolError(f"msgpack extension type {value.code} is not part of the protocol")
 
-    msgpack's C unpacker decodes the timestamp extension (type -1) itself instead
-    of calling ``ext_hook``, so it is caught here. Arrays count as leaves. Recursive
-    (cheaper than a stack of its own for the few levels frames have); a depth past
-    Python's recursion limit is refused like one past ``max_depth``.
+
+def _decode_map(obj: dict, levels: int) -> Any:
+    """An array or scalar map → its NumPy value; any other map is checked and decoded in place.
+
+    msgpack hands over plain containers (no ``object_hook``: a call from C per map costs more
+    than this one walk), and this walk does what the hook and a depth check did: converts the
+    array and scalar maps, refuses nesting deeper than ``levels`` and extension types (which
+    come out as ``ExtType`` or ``Timestamp`` without an ``ext_hook``; msgpack's C unpacker
+    decodes timestamps itself, so a hook would never see them). Arrays count as leaves.
     """
-    if max_depth < 1:
+    if b"__ndarray__" in obj:
+        # The common case (openpi's keys, a dtype accepted before, a shape that fits the
+        # data) here; everything else, with its checks and errors, in _decode_ndarray.
+        data = obj.get(b"data")
+        spec = obj.get(b"dtype")
+        shape = obj.get(b"shape")
+        if type(data) is bytes and type(spec) is str and type(shape) is list:
+            dtype = _DTYPE_CACHE.get(spec)
+            if dtype is not None:
+                ndim = len(shape)
+                if ndim == 1:  # states and actions: no loop
+                    n = shape[0]
+                    if type(n) is int and n >= 0 and n * dtype.itemsize == len(data):
+                        return _frombuffer(data, dtype)
+                elif ndim <= MAX_NDIM:
+                    size = dtype.itemsize
+                    for dim in shape:
+                        if type(dim) is not int or dim < 0:
+                            break
+                        size *= dim
+                    else:
+                        if size == len(data):
+                            return _ndarray(shape, dtype, data)
+        return _decode_ndarray(obj)
+    if "__ndarray__" in obj:
+        return _decode_ndarray(obj)
+    if b"__npgeneric__" in obj or "__npgeneric__" in obj:
+        return _decode_generic(obj)
+    if levels < 1:
         raise _TooDeep
-    for value in node.values() if type(node) is dict else node:
+    for key, value in obj.items():
         kind = type(value)
-        if kind is dict or kind is list:
-            _check_tree(value, max_depth - 1)
-        elif kind is msgpack.Timestamp:
-            raise ProtocolError("msgpack extension type -1 (timestamp) is not part of the protocol")
+        if kind is dict:
+            obj[key] = _decode_map(value, levels - 1)  # replacing a value while iterating is allowed
+        elif kind is list:
+            _decode_list(value, levels - 1)
+        elif kind is _ExtType or kind is _Timestamp:
+            _refuse_leaf(value)
+    return obj
+
+
+def _decode_list(items: list, levels: int) -> None:
+    """``_decode_map`` for a list, in place."""
+    if levels < 1:
+        raise _TooDeep
+    for index, value in enumerate(items):
+        kind = type(value)
+        if kind is dict:
+            items[index] = _decode_map(value, levels - 1)
+        elif kind is list:
+            _decode_list(value, levels - 1)
+        elif kind is _ExtType or kind is _Timestamp:
+            _refuse_leaf(value)
 
 
 def unpackb(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Any:
@@ -224,34 +266,28 @@ def unpackb(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMI
     try:
         # msgpack caps every string, binary, array and map at the frame's length by default
         # (maps at half of it), its own defaults are raw=False and strict_map_key=True, and
-        # passing keywords costs 0.1 µs each: the caps are spelled out only where they are
+        # each keyword costs time per call: the caps are spelled out only where they are
         # tighter than the frame's length.
         if size <= limits.max_str_len and size <= limits.max_container_len:
-            value = msgpack.unpackb(frame, object_hook=_object_hook, ext_hook=_refuse_ext)
+            value = msgpack.unpackb(frame)
         else:
-            value = msgpack.unpackb(frame, object_hook=_object_hook, ext_hook=_refuse_ext,
-                                    max_str_len=limits.max_str_len, max_array_len=limits.max_container_len,
+            value = msgpack.unpackb(frame, max_str_len=limits.max_str_len, max_array_len=limits.max_container_len,
                                     max_map_len=limits.max_container_len)
-    except ProtocolError:
-        raise
     except msgpack.ExtraData as exc:
         raise ProtocolError(f"frame has {len(exc.extra)} bytes after its message") from None
     except (ValueError, TypeError, OverflowError, RecursionError, msgpack.UnpackException) as exc:
         raise ProtocolError(f"malformed frame: {exc}") from None
     kind = type(value)
-    if kind is dict or kind is list:
-        try:
-            _check_tree(value, limits.max_depth)
-        except _TooDeep:
-            raise ProtocolError(f"frame nests containers deeper than {limits.max_depth} levels") from None
-        except RecursionError:
-            raise ProtocolError(f"frame nests containers deeper than Python's recursion limit "
-                                f"({sys.getrecursionlimit()}) allows") from None
-    elif kind is msgpack.Timestamp:
-        raise ProtocolError("msgpack extension type -1 (timestamp) is not part of the protocol")
+    try:
+        if kind is dict:
+            return _decode_map(value, limits.max_depth)
+        if kind is list:
+            _decode_list(value, limits.max_depth)
+        elif kind is _ExtType or kind is _Timestamp:
+            _refuse_leaf(value)
+    except _TooDeep:
+        raise ProtocolError(f"frame nests containers deeper than {limits.max_depth} levels") from None
+    except RecursionError:
+        raise ProtocolError(f"frame nests containers deeper than Python's recursion limit "
+                            f"({sys.getrecursionlimit()}) allows") from None
     return value
-
-
-def _refuse_ext(code: int, data: bytes) -> Any:
-    raise ProtocolError(f"msgpack extension type {code} is not part of the protocol")
-

@@ -112,6 +112,7 @@ BAD_FRAMES = {
     "missing data": (msgpack.packb({b"__ndarray__": True, b"dtype": "<f4", b"shape": [1]}), "'data'"),
     "ext type": (msgpack.packb(msgpack.ExtType(5, b"abc")), "extension"),
     "timestamp ext": (msgpack.packb(msgpack.Timestamp(1, 0)), "extension type -1"),
+    "nested ext": (msgpack.packb({"a": [1, {"b": msgpack.ExtType(7, b"x")}]}), "extension type 7"),
     "nested timestamp ext": (msgpack.packb({"t": [msgpack.Timestamp(1, 0)]}), "extension type -1"),
     "deep nesting": (msgpack.packb(functools.reduce(lambda acc, _: [acc], range(40), 0)), "deeper than 32"),
     "deep maps": (msgpack.packb(functools.reduce(lambda acc, _: {"k": acc}, range(40), 0)), "deeper than 32"),
@@ -178,3 +179,19 @@ def test_mutated_valid_frames_decode_or_raise_protocol_error(data):
 def test_frames_are_byte_identical_to_openpis(arr):
     obj = {"a": arr, "s": np.float32(1.5), "task": "reach-v3"}
     assert codec.packb(obj) == openpi_packb(obj)
+
+
+def test_arrays_count_as_leaves_of_the_depth_cap():
+    arr = np.arange(3, dtype=np.float32)
+    frame = codec.packb({"a": {"b": arr}})
+    np.testing.assert_array_equal(codec.unpackb(frame, Limits(max_depth=2))["a"]["b"], arr)
+    with pytest.raises(ProtocolError, match="deeper than 1 levels"):
+        codec.unpackb(frame, Limits(max_depth=1))
+
+
+def test_arrays_inside_lists_and_nested_maps_are_decoded():
+    arr = np.arange(6, dtype=np.int16).reshape(2, 3)
+    out = codec.unpackb(codec.packb({"xs": [arr, {"y": [arr.T]}], "s": np.uint8(3)}))
+    np.testing.assert_array_equal(out["xs"][0], arr)
+    np.testing.assert_array_equal(out["xs"][1]["y"][0], arr.T)
+    assert type(out["s"]) is np.uint8
