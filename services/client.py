@@ -6,18 +6,17 @@
         policy = api.register_policy("bc", "ws://gpu-3:8000/ws")
         evaluation = api.submit_evaluation(policy.id, "metaworld-mt10", episodes_per_task=10)
         report = api.watch_evaluation(evaluation.id)   # polls until it is done
-        print(report.overall.success_rate, report.overall.ci95)
+        print(report.overall.success_rate, report.overall.ci95)   # an EvaluationDetail
 
-It speaks plain HTTP/JSON (``httpx``) and imports nothing of the server (no
-FastAPI, no SQLAlchemy), so scripts, notebooks and the ``evalforge eval …`` verbs
-stay light. Answers are typed (pydantic models below, one per body of ``GET
-/docs``: ``PolicyRecord``, ``EvaluationRecord``, ``EvaluationReport``,
-``EpisodeRecord``, ``Leaderboard``, ``SuiteInfo``); a test checks that their
-fields are the API's response schemas'. Tables and progress bars are the
-command line's (``services/cli/render.py``). Every failure is an
-``ApiRequestError`` carrying the HTTP status, the API's stable error ``code`` and
-its ``message`` (which names the fix); an API that does not answer is an
-``ApiUnreachable``.
+It speaks plain HTTP/JSON (``httpx``) and imports no FastAPI and no SQLAlchemy,
+so scripts, notebooks and the ``evalforge eval …`` verbs stay light. Answers are
+the API's own response bodies, parsed from its JSON with the classes the server
+declares them with (``services/eval_api/schemas.py``, pydantic only):
+``PolicyOut``, ``EvaluationOut`` (listings), ``EvaluationDetail``, ``EpisodeOut``,
+``LeaderboardOut``, ``SuiteOut``. Tables and progress bars are the command line's
+(``services/cli/render.py``). Every failure is an ``ApiRequestError`` carrying
+the HTTP status, the API's stable error ``code`` and its ``message`` (which names
+the fix); an API that does not answer is an ``ApiUnreachable``.
 """
 
 from __future__ import annotations
@@ -25,194 +24,25 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict
+
+# The API's own response bodies: the client returns what the server declares, defined once.
+from services.eval_api.schemas import (
+    EpisodeOut,
+    EvaluationDetail,
+    EvaluationOut,
+    LeaderboardOut,
+    PolicyOut,
+    SuiteOut,
+)
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 API_URL_ENV = "EVALFORGE_API_URL"
 API_KEY_ENV = "EVALFORGE_API_KEY"
 
-# Evaluation statuses after which nothing changes any more (services/store/models.py:EvaluationStatus).
-DONE_STATUSES = frozenset({"finished", "cancelled", "failed"})
-# Episode statuses, in the order a progress line shows them (EpisodeStatus).
-EPISODE_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
-TERMINAL_EPISODE_STATUSES = ("succeeded", "failed", "cancelled")
 _EVALUATION_FILTERS = frozenset({"policy_id", "suite", "status", "tag"})
-
-
-# ---------------------------------------------------------------------------- answers
-
-
-class _Answer(BaseModel):
-    # Fields a newer API adds are ignored, so an older client keeps working.
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-
-class _PolicyLabel:
-    """``label`` of an answer that has a policy's ``name`` and ``version``."""
-
-    @property
-    def label(self) -> str:
-        """``name:version``, how the command line names a policy."""
-        return f"{self.name}:{self.version}"  # type: ignore[attr-defined]
-
-
-class PolicyIdentity(_PolicyLabel, _Answer):
-    """Which policy an evaluation or a leaderboard row is about."""
-
-    id: int
-    name: str
-    version: str
-    checkpoint_sha256: str
-
-
-class PolicyRecord(_PolicyLabel, _Answer):
-    """A registered policy (``GET /policies/{id}``)."""
-
-    id: int
-    name: str
-    version: str
-    endpoint: str
-    checkpoint_sha256: str
-    state_dim: int
-    action_dim: int
-    chunk_size: int
-    tasks: list[str]
-    created_at: datetime
-
-
-class SuccessInterval(_Answer):
-    """A Wilson 95% interval of a success rate (not symmetric)."""
-
-    low: float
-    high: float
-
-
-class LatencySummary(_Answer):
-    p50: float | None
-    p95: float | None
-
-
-class ResultFigures(_Answer):
-    """Success rate, its interval, steps, latency and failure reasons of some episodes."""
-
-    episodes: int
-    scored: int
-    succeeded: int
-    success_rate: float | None
-    ci95: SuccessInterval | None
-    mean_steps: float | None
-    latency_ms: LatencySummary | None
-    failure_reasons: dict[str, int]
-
-
-class TaskFigures(ResultFigures):
-    task: str
-
-
-class EvaluationRecord(_Answer):
-    """An evaluation as listings show it (``GET /evaluations``)."""
-
-    id: int
-    policy: PolicyIdentity
-    suite: str
-    tasks: list[str]
-    episodes_per_task: int
-    seed: int
-    max_steps: int | None
-    standard: bool
-    tags: list[str]
-    status: str
-    episodes_total: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    cancelled_at: datetime | None
-    success_rate: float | None
-
-
-class EvaluationReport(EvaluationRecord):
-    """An evaluation with its episode counts and results (``GET /evaluations/{id}``)."""
-
-    counts: dict[str, int]
-    overall: ResultFigures
-    per_task: list[TaskFigures]
-
-    @property
-    def episodes_done(self) -> int:
-        """Episodes that reached a terminal status."""
-        return sum(self.counts.get(status, 0) for status in TERMINAL_EPISODE_STATUSES)
-
-    @property
-    def done(self) -> bool:
-        """Nothing changes any more (finished, cancelled or failed)."""
-        return self.status in DONE_STATUSES
-
-
-class EpisodeRecord(_Answer):
-    """One episode of an evaluation (``GET /evaluations/{id}/episodes``)."""
-
-    id: int
-    episode_index: int
-    task: str
-    seed: int
-    max_steps: int
-    status: str
-    success: bool | None
-    total_return: float | None
-    steps: int | None
-    duration_s: float | None
-    latency_mean_ms: float | None
-    latency_p95_ms: float | None
-    failure_reason: str | None
-    error_message: str | None
-    artifact_path: str | None = None
-    attempts: int
-    worker_id: str | None
-    started_at: datetime | None
-    finished_at: datetime | None
-
-
-class LeaderboardRow(_Answer):
-    rank: int
-    policy: PolicyIdentity
-    evaluation_id: int
-    success_rate: float
-    ci95: SuccessInterval
-    episodes: int
-    finished_at: datetime
-
-
-class Leaderboard(_Answer):
-    """Each policy's best finished evaluation on a suite, ranked (``GET /leaderboard``)."""
-
-    suite: str
-    include_nonstandard: bool
-    entries: list[LeaderboardRow]
-
-
-class SuiteTaskInfo(_Answer):
-    name: str
-    instruction: str
-    max_steps: int
-
-
-class SuiteInfo(_Answer):
-    """A benchmark suite an evaluation can run (``GET /suites``)."""
-
-    name: str
-    simulator: str
-    description: str
-    state_dim: int
-    action_dim: int
-    action_low: list[float]
-    action_high: list[float]
-    fps: float
-    has_expert: bool
-    tasks: list[SuiteTaskInfo]
 
 
 # ---------------------------------------------------------------------------- errors
@@ -262,7 +92,7 @@ class ApiUnreachable(ApiRequestError):
 class WatchTimeout(TimeoutError):
     """``watch_evaluation`` gave up waiting; the evaluation itself goes on. ``report`` is the last seen."""
 
-    def __init__(self, report: EvaluationReport, timeout_s: float) -> None:
+    def __init__(self, report: EvaluationDetail, timeout_s: float) -> None:
         super().__init__(f"evaluation {report.id} is still {report.status} after {timeout_s:g} s "
                          f"({report.episodes_done}/{report.episodes_total} episodes done); it goes on on the "
                          f"server: follow it with `evalforge eval status {report.id} --watch`")
@@ -340,7 +170,7 @@ class EvalForgeClient:
 
     # ------------------------------------------------------------------ policies
 
-    def register_policy(self, name: str, endpoint: str, version: str | None = None) -> PolicyRecord:
+    def register_policy(self, name: str, endpoint: str, version: str | None = None) -> PolicyOut:
         """Register the policy server at ``endpoint`` (the API reads its handshake).
 
         Idempotent: registering the same name and version of the same checkpoint again
@@ -351,16 +181,16 @@ class EvalForgeClient:
         body: dict[str, Any] = {"name": name, "endpoint": endpoint}
         if version is not None:
             body["version"] = version
-        return PolicyRecord.model_validate(self._request("POST", "/policies", json=body).json())
+        return PolicyOut.model_validate(self._request("POST", "/policies", json=body).json())
 
-    def get_policy(self, policy_id: int) -> PolicyRecord:
-        return PolicyRecord.model_validate(self._get(f"/policies/{policy_id}"))
+    def get_policy(self, policy_id: int) -> PolicyOut:
+        return PolicyOut.model_validate(self._get(f"/policies/{policy_id}"))
 
-    def list_policies(self) -> list[PolicyRecord]:
+    def list_policies(self) -> list[PolicyOut]:
         """Every registered policy, newest first."""
-        return [PolicyRecord.model_validate(item) for item in self._pages("/policies", {})]
+        return [PolicyOut.model_validate(item) for item in self._pages("/policies", {})]
 
-    def resolve_policy(self, ref: str | int) -> PolicyRecord:
+    def resolve_policy(self, ref: str | int) -> PolicyOut:
         """The policy that ``ref`` names: an id, a ``name`` (with one version) or ``name:version``."""
         text = str(ref).strip()
         if text.isdigit():
@@ -385,7 +215,7 @@ class EvalForgeClient:
 
     def submit_evaluation(self, policy_id: int, suite: str, episodes_per_task: int, *, seed: int = 0,
                           tasks: list[str] | None = None, max_steps: int | None = None,
-                          tags: list[str] | None = None, idempotency_key: str | None = None) -> EvaluationReport:
+                          tags: list[str] | None = None, idempotency_key: str | None = None) -> EvaluationDetail:
         """Start an evaluation; returns its report (status ``pending``).
 
         With ``idempotency_key``, a retry of the same request returns the same evaluation
@@ -400,14 +230,14 @@ class EvalForgeClient:
         if tags is not None:
             body["tags"] = list(tags)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
-        return EvaluationReport.model_validate(
+        return EvaluationDetail.model_validate(
             self._request("POST", "/evaluations", json=body, headers=headers).json())
 
-    def get_evaluation(self, evaluation_id: int) -> EvaluationReport:
+    def get_evaluation(self, evaluation_id: int) -> EvaluationDetail:
         """Status, episode counts by status, per-task and overall results."""
-        return EvaluationReport.model_validate(self._get(f"/evaluations/{evaluation_id}"))
+        return EvaluationDetail.model_validate(self._get(f"/evaluations/{evaluation_id}"))
 
-    def list_evaluations(self, *, limit: int | None = 50, **filters: Any) -> list[EvaluationRecord]:
+    def list_evaluations(self, *, limit: int | None = 50, **filters: Any) -> list[EvaluationOut]:
         """Evaluations, newest first; ``filters``: ``policy_id``, ``suite``, ``status``, ``tag``.
         ``limit=None`` returns all of them."""
         unknown = sorted(set(filters) - _EVALUATION_FILTERS)
@@ -417,19 +247,19 @@ class EvalForgeClient:
         if limit is not None and limit < 1:
             raise ValueError(f"limit must be at least 1 (or None for all), got {limit}")
         params = {k: v for k, v in filters.items() if v is not None}
-        return [EvaluationRecord.model_validate(item) for item in self._pages("/evaluations", params, limit)]
+        return [EvaluationOut.model_validate(item) for item in self._pages("/evaluations", params, limit)]
 
-    def episodes(self, evaluation_id: int) -> list[EpisodeRecord]:
+    def episodes(self, evaluation_id: int) -> list[EpisodeOut]:
         """Every episode of an evaluation, in index order."""
-        return [EpisodeRecord.model_validate(item)
+        return [EpisodeOut.model_validate(item)
                 for item in self._pages(f"/evaluations/{evaluation_id}/episodes", {})]
 
-    def cancel_evaluation(self, evaluation_id: int) -> EvaluationReport:
+    def cancel_evaluation(self, evaluation_id: int) -> EvaluationDetail:
         """Cancel: pending episodes are dropped, running ones finish. A finished evaluation is a 409."""
-        return EvaluationReport.model_validate(self._request("POST", f"/evaluations/{evaluation_id}/cancel").json())
+        return EvaluationDetail.model_validate(self._request("POST", f"/evaluations/{evaluation_id}/cancel").json())
 
     def watch_evaluation(self, evaluation_id: int, *, poll_s: float = 1.0, timeout_s: float | None = None,
-                         on_report: Callable[[EvaluationReport], None] | None = None) -> EvaluationReport:
+                         on_report: Callable[[EvaluationDetail], None] | None = None) -> EvaluationDetail:
         """Poll until the evaluation is finished, cancelled or failed; return its final report.
 
         ``on_report`` sees every report polled, the first and the last included (the
@@ -455,15 +285,15 @@ class EvalForgeClient:
     # ------------------------------------------------------------------ leaderboard, catalogue, health
 
     def leaderboard(self, suite: str, *, include_nonstandard: bool = False, limit: int | None = None
-                    ) -> Leaderboard:
+                    ) -> LeaderboardOut:
         """Each policy's best finished evaluation on ``suite``, ranked."""
-        return Leaderboard.model_validate(self._get("/leaderboard", suite=suite,
+        return LeaderboardOut.model_validate(self._get("/leaderboard", suite=suite,
                                                     include_nonstandard=str(include_nonstandard).lower(),
                                                     limit=limit))
 
-    def suites(self) -> list[SuiteInfo]:
+    def suites(self) -> list[SuiteOut]:
         """The benchmark suites an evaluation can run (tasks, dimensions, step limits)."""
-        return [SuiteInfo.model_validate(item) for item in self._get("/suites")]
+        return [SuiteOut.model_validate(item) for item in self._get("/suites")]
 
     def wait_ready(self, timeout_s: float) -> None:
         """Return once ``GET /readyz`` says ready (database and broker up); ``ApiUnreachable``

@@ -56,24 +56,23 @@ def client_verb(handler: Handler) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def positive_int(text: str) -> int:
+def _positive(text: str, number: type[int] | type[float], noun: str, least: str) -> int | float:
+    """``text`` as a ``number`` above 0, or an argparse error naming the input and the bound."""
     try:
-        value = int(text)
+        value = number(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return int(_positive(text, int, "a whole number", "at least 1"))
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {value}")
-    return value
+    return float(_positive(text, float, "a number", "more than 0"))
 
 
 def add_connection_options(parser: argparse.ArgumentParser) -> None:

@@ -17,11 +17,11 @@ from services.cli.connection import (
     client_verb,
     positive_int,
 )
+from services.store.statuses import EvaluationStatus
 
 if TYPE_CHECKING:
-    from services.client import EvalForgeClient, EvaluationReport
-
-EVALUATION_STATUSES = ("pending", "running", "finished", "cancelled", "failed")
+    from services.client import EvalForgeClient
+    from services.eval_api.schemas import EvaluationDetail
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     list_parser = actions.add_parser("list", help="evaluations, newest first")
     list_parser.add_argument("--policy", metavar="ID|NAME|NAME:VERSION", help="only this policy's")
     list_parser.add_argument("--suite", help="only this suite's")
-    list_parser.add_argument("--status", choices=EVALUATION_STATUSES, help="only those in this status")
+    list_parser.add_argument("--status", choices=[status.value for status in EvaluationStatus],
+                             help="only those in this status")
     list_parser.add_argument("--tag", help="only those with this tag")
     list_parser.add_argument("--limit", type=positive_int, default=20, metavar="N", help="at most N (default: 20)")
     list_parser.set_defaults(action_run=client_verb(list_evaluations))
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     return args.action_run(args)
 
 
-def _watch(args: argparse.Namespace, client: EvalForgeClient, evaluation_id: int) -> EvaluationReport:
+def _watch(args: argparse.Namespace, client: EvalForgeClient, evaluation_id: int) -> EvaluationDetail:
     from services.cli.render import watch_with_progress
 
     return watch_with_progress(client, evaluation_id, poll_s=args.poll_s, timeout_s=args.watch_timeout_s)

@@ -26,16 +26,16 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from services.client import (
-    EPISODE_STATUSES,
-    EvalForgeClient,
-    EvaluationRecord,
-    EvaluationReport,
-    Leaderboard,
-    PolicyRecord,
-    ResultFigures,
-    SuccessInterval,
+from services.client import EvalForgeClient
+from services.eval_api.schemas import (
+    EvaluationDetail,
+    EvaluationOut,
+    Interval,
+    LeaderboardOut,
+    PolicyOut,
+    Results,
 )
+from services.store.statuses import EpisodeStatus
 
 # Wider than any table here; only bounds the measurement of a table's natural width.
 _UNBOUNDED_WIDTH = 10_000
@@ -70,7 +70,7 @@ def percent(rate: float | None) -> str:
     return "–" if rate is None else f"{100 * rate:.1f}%"
 
 
-def interval(ci: SuccessInterval | None) -> str:
+def interval(ci: Interval | None) -> str:
     """A Wilson interval as ``[low, high]`` in percent (it is not symmetric, so no ±)."""
     return "–" if ci is None else f"[{100 * ci.low:.1f}, {100 * ci.high:.1f}]"
 
@@ -87,17 +87,17 @@ def _when(value: datetime | None) -> str:
     return "–" if value is None else value.strftime("%Y-%m-%d %H:%M")
 
 
-def progress_stats(report: EvaluationReport) -> str:
+def progress_stats(report: EvaluationDetail) -> str:
     """``finished · success 3/4 (75.0%) · pending 2 · …``: status, success so far, episodes per status."""
     parts = [report.status]
     if report.overall.scored:
         parts.append(f"success {report.overall.succeeded}/{report.overall.scored} "
                      f"({percent(report.overall.success_rate)})")
-    parts += [f"{status} {report.counts[status]}" for status in EPISODE_STATUSES if report.counts.get(status)]
+    parts += [f"{status} {report.counts[status]}" for status in EpisodeStatus if report.counts.get(status)]
     return " · ".join(parts)
 
 
-def status_line(report: EvaluationReport) -> str:
+def status_line(report: EvaluationDetail) -> str:
     """One line: status, policy, suite, episodes done and per status."""
     counts = ", ".join(f"{status} {n}" for status, n in report.counts.items() if n)
     return (f"evaluation {report.id}: {report.status} · policy {report.policy.label} (id {report.policy.id}) · "
@@ -106,7 +106,7 @@ def status_line(report: EvaluationReport) -> str:
 
 
 def watch_with_progress(client: EvalForgeClient, evaluation_id: int, *, console: Console | None = None,
-                        poll_s: float = 1.0, timeout_s: float | None = None) -> EvaluationReport:
+                        poll_s: float = 1.0, timeout_s: float | None = None) -> EvaluationDetail:
     """``client.watch_evaluation`` with its progress shown on ``console`` (default: stderr).
 
     On a terminal this is a progress bar of episodes done, with the success rate so
@@ -120,7 +120,7 @@ def watch_with_progress(client: EvalForgeClient, evaluation_id: int, *, console:
         with Progress(*columns, console=console) as progress:
             bars: list[TaskID] = []  # the one bar, added with the first report
 
-            def show(report: EvaluationReport) -> None:
+            def show(report: EvaluationDetail) -> None:
                 if not bars:
                     bars.append(progress.add_task(f"evaluation {report.id}", total=report.episodes_total,
                                                   stats=""))
@@ -130,7 +130,7 @@ def watch_with_progress(client: EvalForgeClient, evaluation_id: int, *, console:
             return client.watch_evaluation(evaluation_id, poll_s=poll_s, timeout_s=timeout_s, on_report=show)
     shown: list[str] = []
 
-    def show_line(report: EvaluationReport) -> None:
+    def show_line(report: EvaluationDetail) -> None:
         line = (f"evaluation {report.id}: {report.episodes_done}/{report.episodes_total} episodes done · "
                 f"{progress_stats(report)}")
         if not shown or shown[-1] != line:
@@ -140,7 +140,7 @@ def watch_with_progress(client: EvalForgeClient, evaluation_id: int, *, console:
     return client.watch_evaluation(evaluation_id, poll_s=poll_s, timeout_s=timeout_s, on_report=show_line)
 
 
-def print_results(report: EvaluationReport, console: Console) -> None:
+def print_results(report: EvaluationDetail, console: Console) -> None:
     """Per-task results of an evaluation: episodes, success rate with its 95% interval, mean steps,
     median policy latency and failure reasons, then the overall row."""
     title = f"evaluation {report.id} · {report.policy.label} · {report.suite} · {report.status}"
@@ -150,7 +150,7 @@ def print_results(report: EvaluationReport, console: Console) -> None:
         table.add_column(column, justify="right")
     table.add_column("failures")
 
-    def row(name: str, results: ResultFigures, style: str | None = None) -> None:
+    def row(name: str, results: Results, style: str | None = None) -> None:
         latency = results.latency_ms.p50 if results.latency_ms is not None else None
         success = percent(results.success_rate)
         if results.scored:
@@ -165,7 +165,7 @@ def print_results(report: EvaluationReport, console: Console) -> None:
     print_table(console, table)
 
 
-def print_leaderboard(board: Leaderboard, console: Console) -> None:
+def print_leaderboard(board: LeaderboardOut, console: Console) -> None:
     """A suite's leaderboard: rank, policy, success rate with its 95% interval, episodes, date."""
     scope = " (all evaluations, incl. task subsets)" if board.include_nonstandard else ""
     if not board.entries:
@@ -185,7 +185,7 @@ def print_leaderboard(board: Leaderboard, console: Console) -> None:
     print_table(console, table)
 
 
-def print_policies(policies: Iterable[PolicyRecord], console: Console) -> None:
+def print_policies(policies: Iterable[PolicyOut], console: Console) -> None:
     table = Table()
     for column in ("id", "name", "version", "checkpoint", "tasks", "endpoint", "registered (UTC)"):
         table.add_column(column, justify="right" if column in ("id", "tasks") else "left")
@@ -195,7 +195,7 @@ def print_policies(policies: Iterable[PolicyRecord], console: Console) -> None:
     print_table(console, table)
 
 
-def print_evaluations(evaluations: Iterable[EvaluationRecord], console: Console) -> None:
+def print_evaluations(evaluations: Iterable[EvaluationOut], console: Console) -> None:
     table = Table()
     for column in ("id", "policy", "suite", "status", "episodes", "success", "created (UTC)", "tags"):
         table.add_column(column, justify="right" if column in ("id", "episodes", "success") else "left")

@@ -1,8 +1,13 @@
-"""Request and response bodies of the evaluation API (pydantic).
+"""Request and response bodies of the evaluation API (pydantic): the one definition of each.
 
 Requests are strict: unknown fields are refused (``extra="forbid"``), numbers must
 be JSON numbers, and text may not hold NUL characters or lone surrogates (which
 PostgreSQL cannot store), so a bad request is always a 422 naming the field.
+
+The response bodies are also what the HTTP client (``services/client.py``) returns:
+it parses the API's JSON with these very classes. So this module imports pydantic and
+the status enums (``services.store.statuses``) only, never FastAPI or SQLAlchemy, and
+responses ignore fields they do not know (an older client reading a newer API).
 """
 
 from __future__ import annotations
@@ -19,7 +24,12 @@ from pydantic import (
     field_validator,
 )
 
-from services.store.models import EpisodeStatus, EvaluationStatus
+from services.store.statuses import (
+    FINAL_EVALUATION_STATUSES,
+    TERMINAL_EPISODE_STATUSES,
+    EpisodeStatus,
+    EvaluationStatus,
+)
 
 MAX_ID = 2**63 - 1  # ids are 64-bit; larger numbers are refused before they reach the database
 MAX_SEED = 1_000_000_000  # evaluation seeds (EVAL_SEED_START + seed + i) stay below 2**31 for every simulator
@@ -55,6 +65,15 @@ class _Response(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
 
+class _PolicyLabel:
+    """``label`` of a body that has a policy's ``name`` and ``version``."""
+
+    @property
+    def label(self) -> str:
+        """``name:version``, how the command line names a policy."""
+        return f"{self.name}:{self.version}"  # type: ignore[attr-defined]
+
+
 # ---------------------------------------------------------------------------- errors
 
 
@@ -86,7 +105,7 @@ class PolicyCreate(_Request):
     endpoint: Endpoint = Field(description="The policy server's WebSocket URL, e.g. `ws://gpu-3:8000/ws`.")
 
 
-class PolicyOut(_Response):
+class PolicyOut(_PolicyLabel, _Response):
     id: int
     name: str
     version: str
@@ -99,7 +118,7 @@ class PolicyOut(_Response):
     created_at: datetime
 
 
-class PolicyRef(_Response):
+class PolicyRef(_PolicyLabel, _Response):
     id: int
     name: str
     version: str
@@ -184,6 +203,16 @@ class EvaluationDetail(EvaluationOut):
     counts: dict[str, int] = Field(description="Episodes per status.")
     overall: Results
     per_task: list[TaskResults]
+
+    @property
+    def episodes_done(self) -> int:
+        """Episodes that reached a terminal status."""
+        return sum(self.counts.get(status, 0) for status in TERMINAL_EPISODE_STATUSES)
+
+    @property
+    def done(self) -> bool:
+        """Nothing changes any more (finished, cancelled or failed)."""
+        return self.status in FINAL_EVALUATION_STATUSES
 
 
 class EpisodeOut(_Response):

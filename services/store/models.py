@@ -4,7 +4,8 @@ Alembic owns the schema (``migrations/``); these classes describe it, and a test
 proves the two agree. Identifiers are 64-bit integers (``INTEGER`` on SQLite, where
 only that type aliases the rowid). Timestamps are timezone-aware UTC on both
 backends (``UtcDateTime``). Statuses are short strings with a CHECK constraint
-rather than database enums, so adding a state is a plain migration.
+rather than database enums, so adding a state is a plain migration; the enums
+themselves are ``statuses``' (re-exported here).
 
 Indexes and who needs them:
 
@@ -46,6 +47,15 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+# The statuses and failure reasons are defined once, without SQLAlchemy; importers of this module keep them.
+from services.store.statuses import (  # noqa: F401  (re-exported)
+    HARNESS_FAILURES,
+    TERMINAL_EPISODE_STATUSES,
+    EpisodeStatus,
+    EvaluationStatus,
+    FailureReason,
+)
+
 # 64-bit keys on PostgreSQL; on SQLite only "INTEGER PRIMARY KEY" is the auto-assigned rowid.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 JsonDoc = JSON().with_variant(JSONB(), "postgresql")
@@ -80,40 +90,6 @@ class UtcDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-class EvaluationStatus(enum.StrEnum):
-    PENDING = "pending"  # created, no episode claimed yet
-    RUNNING = "running"  # at least one episode claimed
-    FINISHED = "finished"  # every episode terminal and at least one scored
-    CANCELLED = "cancelled"  # cancelled by a user; finalised once running episodes end
-    FAILED = "failed"  # every episode terminal, none scored (all harness errors)
-
-
-class EpisodeStatus(enum.StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-TERMINAL_EPISODE_STATUSES = (EpisodeStatus.SUCCEEDED, EpisodeStatus.FAILED, EpisodeStatus.CANCELLED)
-
-
-class FailureReason(enum.StrEnum):
-    """Why an episode did not run to its end. ``None`` on a failed episode means it ran
-    out of steps without success."""
-
-    POLICY_TIMEOUT = "policy_timeout"  # the policy server did not answer in time
-    POLICY_ERROR = "policy_error"  # the policy server answered with an error / malformed actions
-    ENV_ERROR = "env_error"  # the simulator raised
-    WORKER_LOST = "worker_lost"  # the worker died and the episode ran out of attempts
-    CANCELLED = "cancelled"  # the evaluation was cancelled before the episode ran
-
-
-# Failures the policy is not answerable for: left out of success rates (but reported).
-HARNESS_FAILURES = (FailureReason.ENV_ERROR, FailureReason.WORKER_LOST)
 
 
 def _check_in(column: str, values: type[enum.StrEnum], name: str) -> CheckConstraint:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import io
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,29 +27,16 @@ from rich.console import Console
 
 from services.cli import main
 from services.cli.render import print_leaderboard, watch_with_progress
-from services.client import (
-    ApiRequestError,
-    ApiUnreachable,
-    EpisodeRecord,
-    EvalForgeClient,
-    EvaluationRecord,
-    EvaluationReport,
-    Leaderboard,
-    LeaderboardRow,
-    PolicyIdentity,
-    PolicyRecord,
-    ResultFigures,
-    SuiteInfo,
-    TaskFigures,
-    WatchTimeout,
-)
+from services.client import ApiRequestError, ApiUnreachable, EvalForgeClient, WatchTimeout
 from services.eval_api import schemas
 from services.store import queries
+from services.store.statuses import EvaluationStatus
 from services.supervisor import free_port
 from tests.eval_api.conftest import POLICY_ENDPOINT, Api, make_api, metadata
 from tests.store.helpers import run_all
 
 SUITE = "metaworld-mt10"
+REPO = Path(__file__).resolve().parents[2]
 GUARD_S = 60  # how long a helper waits for something that should happen at once before failing the test
 
 
@@ -299,7 +289,7 @@ def test_client_pages_cancels_and_replays(served, capsys):
                                         idempotency_key="run-1").id == first.id
         episodes = client.episodes(first.id)  # three pages of two
         assert [e.episode_index for e in episodes] == [0, 1, 2, 3, 4]
-        assert all(isinstance(e, EpisodeRecord) and e.status == "pending" for e in episodes)
+        assert all(isinstance(e, schemas.EpisodeOut) and e.status == "pending" for e in episodes)
         later = [client.submit_evaluation(policy.id, SUITE, 1, tasks=["push-v3"]).id for _ in range(3)]
         assert [e.id for e in client.list_evaluations(limit=3)] == later[::-1]
         assert [e.id for e in client.list_evaluations(limit=None)] == [*later[::-1], first.id]
@@ -326,15 +316,51 @@ def test_bad_usage_exits_2(capsys):
     assert "--episodes-per-task: must be at least 1, got 0" in capsys.readouterr().err
 
 
-def test_the_client_types_are_the_apis_response_bodies():
-    """Each typed answer of the client has the fields, in order, of the API's response schema it parses."""
-    pairs = [(PolicyIdentity, schemas.PolicyRef), (PolicyRecord, schemas.PolicyOut),
-             (ResultFigures, schemas.Results), (TaskFigures, schemas.TaskResults),
-             (EvaluationRecord, schemas.EvaluationOut), (EvaluationReport, schemas.EvaluationDetail),
-             (EpisodeRecord, schemas.EpisodeOut), (LeaderboardRow, schemas.LeaderboardEntryOut),
-             (Leaderboard, schemas.LeaderboardOut), (SuiteInfo, schemas.SuiteOut)]
-    for client_type, schema in pairs:
-        assert list(client_type.model_fields) == list(schema.model_fields), (client_type.__name__, schema.__name__)
+def test_the_client_returns_the_apis_response_bodies(served):
+    """The client's answers are instances of the classes the API declares its responses with
+    (services/eval_api/schemas.py), parsed from a served API's JSON: one definition, no copy."""
+    with served.client() as client:
+        policy = client.register_policy("bc", POLICY_ENDPOINT, version="v1")
+        assert type(policy) is schemas.PolicyOut and policy.label == "bc:v1"
+        assert type(client.get_policy(policy.id)) is schemas.PolicyOut
+        assert [type(p) for p in client.list_policies()] == [schemas.PolicyOut]
+        assert type(client.resolve_policy("bc:v1")) is schemas.PolicyOut
+
+        submitted = client.submit_evaluation(policy.id, SUITE, 1, tasks=["reach-v3", "push-v3"])
+        assert type(submitted) is schemas.EvaluationDetail and type(submitted.policy) is schemas.PolicyRef
+        assert submitted.status is EvaluationStatus.PENDING and not submitted.done
+        assert submitted.episodes_done == 0
+        assert {type(e) for e in client.episodes(submitted.id)} == {schemas.EpisodeOut}
+        served.finish(submitted.id, succeed=1)
+
+        report = client.get_evaluation(submitted.id)
+        assert type(report) is schemas.EvaluationDetail and report.done and report.episodes_done == 2
+        assert type(report.overall) is schemas.Results and type(report.overall.ci95) is schemas.Interval
+        assert {type(t) for t in report.per_task} == {schemas.TaskResults}
+        assert [type(e) for e in client.list_evaluations()] == [schemas.EvaluationOut]
+
+        board = client.leaderboard(SUITE, include_nonstandard=True)
+        assert type(board) is schemas.LeaderboardOut
+        assert [type(entry) for entry in board.entries] == [schemas.LeaderboardEntryOut]
+        assert board.entries[0].policy.label == "bc:v1"
+        suites = client.suites()
+        assert suites and {type(suite) for suite in suites} == {schemas.SuiteOut}
+        assert {type(task) for suite in suites for task in suite.tasks} == {schemas.SuiteTask}
+
+        second = client.submit_evaluation(policy.id, SUITE, 1, tasks=["reach-v3"])
+        cancelled = client.cancel_evaluation(second.id)
+        assert type(cancelled) is schemas.EvaluationDetail and cancelled.done
+
+
+@pytest.mark.parametrize("module", ["services.client", "services.eval_api.schemas"])
+def test_the_client_and_the_response_bodies_import_neither_fastapi_nor_sqlalchemy(module):
+    """Scripts and notebooks import the client without the server's stack (a fresh interpreter, so
+    nothing this test process already imported hides an import)."""
+    probe = (f"import sys, {module}; heavy = sorted({{'fastapi', 'sqlalchemy', 'starlette'}} & set(sys.modules)); "
+             "assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO,
+                          timeout=GUARD_S)
+    assert done.returncode == 0, f"importing {module} pulls {done.stderr.strip().splitlines()[-1:]}"
 
 
 def test_json_output_is_the_apis_json(env, capsys):
@@ -350,10 +376,10 @@ def test_json_output_is_the_apis_json(env, capsys):
             "/leaderboard", params={"suite": SUITE, "include_nonstandard": "true"}).json()
 
 
-def _long_board() -> Leaderboard:
+def _long_board() -> schemas.LeaderboardOut:
     policy = {"id": 1, "name": "reach-behaviour-cloning-from-scripted-demonstrations", "version":
               "episodes-200-seed-7-lr-3e-4", "checkpoint_sha256": "ab" * 32}
-    return Leaderboard.model_validate({"suite": "metaworld-mt1-reach", "include_nonstandard": True, "entries": [
+    return schemas.LeaderboardOut.model_validate({"suite": "metaworld-mt1-reach", "include_nonstandard": True, "entries": [
         {"rank": 1, "policy": policy, "evaluation_id": 12, "success_rate": 0.75,
          "ci95": {"low": 0.531, "high": 0.888}, "episodes": 20, "finished_at": "2026-12-01T19:55:00Z"}]})
 

@@ -1,0 +1,50 @@
+"""The states of evaluations and episodes and why an episode failed: the one definition of each.
+
+The store's tables (``models``), the API's bodies (``services/eval_api/schemas.py``)
+and the HTTP client all read these. Plain enums, no SQLAlchemy, so the client stays
+light. The tables store the values as short strings under a CHECK constraint built
+from these enums (``models``), so adding a state is a plain migration.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class EvaluationStatus(enum.StrEnum):
+    PENDING = "pending"  # created, no episode claimed yet
+    RUNNING = "running"  # at least one episode claimed
+    FINISHED = "finished"  # every episode terminal and at least one scored
+    CANCELLED = "cancelled"  # cancelled by a user; finalised once running episodes end
+    FAILED = "failed"  # every episode terminal, none scored (all harness errors)
+
+
+# After these nothing about an evaluation changes any more that a watcher waits for.
+FINAL_EVALUATION_STATUSES = frozenset({EvaluationStatus.FINISHED, EvaluationStatus.CANCELLED,
+                                       EvaluationStatus.FAILED})
+
+
+class EpisodeStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_EPISODE_STATUSES = (EpisodeStatus.SUCCEEDED, EpisodeStatus.FAILED, EpisodeStatus.CANCELLED)
+
+
+class FailureReason(enum.StrEnum):
+    """Why an episode did not run to its end. ``None`` on a failed episode means it ran
+    out of steps without success."""
+
+    POLICY_TIMEOUT = "policy_timeout"  # the policy server did not answer in time
+    POLICY_ERROR = "policy_error"  # the policy server answered with an error / malformed actions
+    ENV_ERROR = "env_error"  # the simulator raised
+    WORKER_LOST = "worker_lost"  # the worker died and the episode ran out of attempts
+    CANCELLED = "cancelled"  # the evaluation was cancelled before the episode ran
+
+
+# Failures the policy is not answerable for: left out of success rates (but reported).
+HARNESS_FAILURES = (FailureReason.ENV_ERROR, FailureReason.WORKER_LOST)
