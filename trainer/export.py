@@ -1,6 +1,6 @@
 """`trainer export`: a training checkpoint → a Hugging Face model directory (the policy checkpoint).
 
-    trainer export runs/pretrain/checkpoints OUT [--tokenizer DIR] [--policy-json FILE] [--dtype bf16]
+    trainer export runs/pretrain/checkpoints --out OUT [--tokenizer DIR] [--policy-json FILE] [--dtype bf16]
 
 CKPT is a checkpoint directory (its ``latest`` step is used) or one step directory
 (``.../iter_0000100``), as ``trainer/checkpoint.py`` writes them: full float32 tensors
@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from policy_format import PolicyCard, PolicyFormatError
 from trainer import checkpoint as ckpt
 from trainer.adapters import AdapterError, adapter_for
 from trainer.config import ConfigError, ModelConfig
-from trainer.policy_file import FORMAT as POLICY_FORMAT
 
 DTYPES: dict[str, tuple[torch.dtype, str]] = {
     "fp32": (torch.float32, "float32"),
@@ -55,11 +55,12 @@ class ExportError(ValueError):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", type=Path, metavar="CKPT",
                         help="checkpoint directory (its latest step) or one iter_XXXXXXX step directory")
-    parser.add_argument("out", type=Path, metavar="OUT", help="directory to write the Hugging Face model to")
+    parser.add_argument("--out", required=True, type=Path, metavar="OUT",
+                        help="directory to write the Hugging Face model to")
     parser.add_argument("--tokenizer", type=Path, metavar="DIR",
                         help="tokenizer directory to copy into OUT (as `trainer tokenizer` writes it)")
     parser.add_argument("--policy-json", type=Path, metavar="FILE",
-                        help="policy.json to copy into OUT (robot policies; see trainer/policy_file.py)")
+                        help="policy.json to copy into OUT (robot policies; see policy_format/card.py)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="weight dtype in OUT")
     parser.add_argument("--force", action="store_true", help="replace an existing export in OUT")
 
@@ -220,22 +221,10 @@ def _tokenizer(directory: Path, cfg: ModelConfig) -> tuple[list[Path], dict[str,
 def _check_policy(path: Path, cfg: ModelConfig) -> None:
     """A policy.json that the policy server will accept with this model's vocabulary."""
     if not path.is_file():
-        raise ExportError(f"--policy-json {path} does not exist; write one with trainer.policy_file.PolicyCard")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ExportError(f"--policy-json {path} is not valid JSON: {exc}") from None
-    if not isinstance(raw, dict) or raw.get("format") != POLICY_FORMAT:
-        raise ExportError(f"--policy-json {path} is not a policy file (it needs \"format\": \"{POLICY_FORMAT}\")")
-    ranges = raw.get("token_ranges")
-    if not isinstance(ranges, dict) or not ranges:
-        raise ExportError(f"--policy-json {path} has no token_ranges; write it with trainer.policy_file.PolicyCard")
+        raise ExportError(f"--policy-json {path} does not exist; write one with policy_format.PolicyCard")
     assert cfg.vocab_size is not None
-    for name, bounds in ranges.items():
-        end = bounds[1] if isinstance(bounds, list) and len(bounds) == 2 else None
-        if not isinstance(end, int):
-            raise ExportError(f"--policy-json {path}: token_ranges.{name} must be [start, end), got {bounds!r}")
-        if end > cfg.vocab_size:
-            raise ExportError(f"--policy-json {path}: token_ranges.{name} ends at {end} but the model's vocabulary "
-                              f"has {cfg.vocab_size} ids; train with model.vocab_size ≥ the policy's "
-                              "TokenLayout.vocab_size")
+    try:
+        PolicyCard.read(path, vocab_size=cfg.vocab_size)
+    except PolicyFormatError as exc:
+        raise ExportError(f"--policy-json {exc} (write the card with policy_format.PolicyCard, and train with "
+                          "model.vocab_size ≥ the policy's TokenLayout.vocab_size)") from None

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainer.policy_file import PolicyCard
+from policy_format import PolicyCard
 
 PRESETS = {
     # hidden, layers, heads, kv heads, intermediate

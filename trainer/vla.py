@@ -1,15 +1,15 @@
 """`trainer vla`: train a robot policy (a causal LM over state and action tokens) that `policy-server` serves.
 
-    trainer vla configs/vla-reach-fast.yaml [--resume auto] [--section.key VALUE ...]
-    torchrun --nproc-per-node 2 -m trainer.cli vla configs/vla-mt10.yaml
+    trainer vla --config configs/vla-reach-fast.yaml [--resume auto] [--section.key VALUE ...]
+    torchrun --nproc-per-node 2 -m trainer.cli vla --config configs/vla-mt10.yaml
 
 Behaviour cloning on a LeRobot v3 dataset (``trainer collect-demos`` writes one; a
 dataset recorded by LeRobot in the same layout works too). The data pipeline is
-``trainer/data/robot.py``: normalisation bounds from ``meta/stats.json``, state and
-action binning exactly as the policy server bins, action chunks of ``data.chunk_size``,
-sequences ``[task, state tokens…, action tokens…]`` with the loss on action tokens only.
+``trainer/data/robot.py``: normalisation bounds from ``meta/stats.json``, action chunks of
+``data.chunk_size``, sequences ``[task, state tokens…, action tokens…]`` with the loss on
+action tokens only, tokenised by ``policy_format`` — the code the policy server prompts with.
 The model is the trainer's dense Llama-style decoder (``model`` section); its vocabulary
-is the policy's :class:`~trainer.policy_file.TokenLayout` (state bins, action bins, task
+is the policy's :class:`~policy_format.TokenLayout` (state bins, action bins, task
 tokens, rounded up to 64) and its ``seq_length`` the sample length
 ``1 + state_dim + chunk_size × action_dim`` — both are set here, whatever the recipe says.
 
@@ -45,8 +45,8 @@ if TYPE_CHECKING:  # torch, megatron and the simulators load only when a run sta
     import torch
 
     from benchmarks.suite import Suite
-    from trainer.data.lerobot import LeRobotDataset
-    from trainer.policy_file import TokenLayout
+    from policy_format import TokenLayout
+    from trainer.data.lerobot import DemonstrationDataset
 
 # this verb takes `--section.key value` overrides after its own arguments
 CONFIG_OVERRIDES = True
@@ -150,12 +150,13 @@ class VLAResult:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", type=Path, metavar="CONFIG", help="recipe YAML (e.g. configs/vla-reach-fast.yaml)")
+    parser.add_argument("--config", required=True, type=Path, metavar="FILE",
+                        help="recipe YAML (e.g. configs/vla-reach-fast.yaml)")
     parser.add_argument("--resume", help="'auto' (newest checkpoint in the run, if any) or a checkpoint path")
     parser.epilog = "Any config field can be overridden: --optimizer.lr 1e-3 --data.chunk_size 8 ..."
 
 
-def resolve_suite(cfg: VLAConfig, dataset: LeRobotDataset) -> Suite | None:
+def resolve_suite(cfg: VLAConfig, dataset: DemonstrationDataset) -> Suite | None:
     """The benchmark suite the policy is for (or None), checked against the dataset."""
     from benchmarks.registry import get_suite
     from trainer.data.lerobot import DatasetError
@@ -237,28 +238,20 @@ def vla(cfg: VLAConfig) -> VLAResult:
     import torch.distributed as dist
 
     from trainer import parallel
-    from trainer.data.lerobot import LeRobotDataset
-    from trainer.data.robot import RobotBatches, RobotSamples, RobotTokenizer, dataset_bins
+    from trainer.data.lerobot import DemonstrationDataset
+    from trainer.data.robot import RobotBatches, RobotSamples, dataset_card
     from trainer.loop import train
     from trainer.model import build_model
-    from trainer.policy_file import PolicyCard
 
-    dataset = LeRobotDataset(cfg.data.path)
+    dataset = DemonstrationDataset(cfg.data.path)
     suite = resolve_suite(cfg, dataset)
-    state_bins, action_bins = dataset_bins(dataset, state_bins=cfg.data.state_bins, action_bins=cfg.data.action_bins,
-                                           mode=cfg.data.normalization, min_range=cfg.data.min_range)
-    tokenizer = RobotTokenizer(dataset.tasks, state_bins, action_bins, cfg.data.chunk_size)
+    run_dir = Path(cfg.run_dir)
+    card = dataset_card(dataset, name=cfg.policy.name or run_dir.resolve().name, suite=suite.name if suite else None,
+                        chunk_size=cfg.data.chunk_size, state_bins=cfg.data.state_bins,
+                        action_bins=cfg.data.action_bins, mode=cfg.data.normalization, min_range=cfg.data.min_range)
+    tokenizer = card.tokenizer()
     samples = RobotSamples(dataset, tokenizer, state_noise=cfg.data.state_noise)
     cfg = resolve_model(cfg, tokenizer.layout.vocab_size, tokenizer.seq_length)
-    run_dir = Path(cfg.run_dir)
-    card = PolicyCard(
-        name=cfg.policy.name or run_dir.resolve().name, suite=suite.name if suite else None,
-        state_dim=tokenizer.state_dim, action_dim=tokenizer.action_dim, chunk_size=tokenizer.chunk_size,
-        tasks=tokenizer.tasks, instructions=dict(dataset.instructions),
-        state_low=state_bins.low.tolist(), state_high=state_bins.high.tolist(),
-        action_low=action_bins.low.tolist(), action_high=action_bins.high.tolist(),
-        state_bins=cfg.data.state_bins, action_bins=cfg.data.action_bins,
-    )
 
     layout = parallel.initialize(cfg.parallel, cfg.training.seed)
     try:
@@ -299,6 +292,7 @@ def vla(cfg: VLAConfig) -> VLAResult:
 
 def run(args: argparse.Namespace) -> VLAResult:
     from benchmarks.suite import SuiteError
+    from policy_format import PolicyFormatError
     from trainer.adapters import AdapterError
     from trainer.checkpoint import CheckpointError
     from trainer.data.lerobot import DatasetError
@@ -307,7 +301,7 @@ def run(args: argparse.Namespace) -> VLAResult:
 
     try:
         result = vla(config_from_args(VLAConfig, args))
-    except (ConfigError, DatasetError, SuiteError, CheckpointError, ExportError, AdapterError,
+    except (ConfigError, DatasetError, SuiteError, CheckpointError, ExportError, AdapterError, PolicyFormatError,
             NonFiniteLoss) as exc:
         raise SystemExit(f"trainer vla: {exc}") from None
     last = result.losses.get(result.steps)

@@ -1,5 +1,6 @@
 """The policy server: a policy checkpoint behind the msgpack/WebSocket protocol.
 
-``policy_format`` reads policy.json, ``engines`` runs the model (vLLM or
-transformers), ``app`` serves it, ``cli`` is the ``policy-server`` command.
+``policy_format`` (the top-level package the trainer uses too) reads the checkpoint
+and tokenizes; ``engines`` runs the model (vLLM or transformers), ``app`` serves it,
+``settings`` and ``cli`` are the ``policy-server`` command.
 """

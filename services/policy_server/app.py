@@ -1,7 +1,8 @@
 """The policy server: turns observations into action chunks over WebSocket and HTTP.
 
-``PolicyService`` does the work (validate, tokenize from policy.json, run the
-engine, de-tokenize, cache chunks per episode, count everything);
+``PolicyService`` does the work (validate, tokenize with the checkpoint's
+``policy_format`` tokenizer — the trainer's own —, run the engine, de-tokenize,
+cache chunks per episode, count everything);
 ``create_app`` wraps it in an ASGI app:
 
 - ``/ws`` and ``/``: WebSocket, metadata frame first, then msgpack requests. Each
@@ -42,8 +43,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from policy_format import PolicyCheckpoint
 from services.policy_server.engines import Engine
-from services.policy_server.policy_format import PolicySpec
 from services.protocol.codec import DEFAULT_LIMITS, Limits, ProtocolError, packb, unpackb
 from services.protocol.messages import (
     PROTOCOL_VERSION,
@@ -113,22 +114,23 @@ class PolicyMetrics:
 class PolicyService:
     """Everything the server does, independent of the transport."""
 
-    def __init__(self, spec: PolicySpec, engine: Engine, *, name: str | None = None,
+    def __init__(self, checkpoint: PolicyCheckpoint, engine: Engine, *, name: str | None = None,
                  limits: Limits = DEFAULT_LIMITS, chunk_cache_episodes: int = 4096) -> None:
-        self.spec = spec
+        self.checkpoint = checkpoint
+        self.tokenizer = checkpoint.tokenizer
         self.engine = engine
         self.limits = limits
         self.metrics = PolicyMetrics()
         engine.on_batch = self.metrics.batch_size.observe
         self.metadata = Metadata(
-            policy_name=name or spec.name,
-            checkpoint_sha256=spec.checkpoint_sha256,
-            state_dim=spec.state_dim,
-            action_dim=spec.action_dim,
-            chunk_size=spec.chunk_size,
-            tasks=tuple(spec.tasks),
-            extra={"engine": engine.name, "suite": spec.suite, "instructions":
-                   {t.name: t.instruction for t in spec.tasks.values()}},
+            policy_name=name or checkpoint.name,
+            checkpoint_sha256=checkpoint.checkpoint_sha256,
+            state_dim=self.tokenizer.state_dim,
+            action_dim=self.tokenizer.action_dim,
+            chunk_size=self.tokenizer.chunk_size,
+            tasks=tuple(self.tokenizer.tasks),
+            extra={"engine": engine.name, "suite": checkpoint.card.suite, "instructions":
+                   {t: checkpoint.card.instructions.get(t, "") for t in self.tokenizer.tasks}},
         )
         self._metadata_frame = packb(self.metadata.to_wire())
         self._ready = asyncio.Event()
@@ -145,9 +147,9 @@ class PolicyService:
         """Load the engine and warm it up; ``/readyz`` turns true after this."""
         started = time.perf_counter()
         await self.engine.start()
-        task = next(iter(self.spec.tasks))
-        state = ((self.spec.state_low + self.spec.state_high) / 2).astype(np.float32)
-        await self.engine.generate(self.spec.prompt_tokens(state, task))
+        task = self.tokenizer.tasks[0]
+        state = ((self.tokenizer.state.low + self.tokenizer.state.high) / 2).astype(np.float32)
+        await self.engine.generate(self.tokenizer.prompt(task, state))
         # What exists now (torch, vLLM, the model) lives until exit: freeze it out of
         # the collector's reach, or a full collection over it stalls requests for
         # hundreds of milliseconds (vLLM's own API server does the same).
@@ -164,12 +166,12 @@ class PolicyService:
         return self._metadata_frame
 
     def check_observation(self, obs: Observation) -> None:
-        if obs.state.shape != (self.spec.state_dim,):
+        if obs.state.shape != (self.tokenizer.state_dim,):
             raise RequestError(ErrorCode.INVALID_OBSERVATION,
-                               f"observation field 'state' must have shape [{self.spec.state_dim}], "
+                               f"observation field 'state' must have shape [{self.tokenizer.state_dim}], "
                                f"got {list(obs.state.shape)}")
-        if obs.task not in self.spec.tasks:
-            known = ", ".join(sorted(self.spec.tasks)[:10])
+        if obs.task not in self.tokenizer.task_ids:
+            known = ", ".join(sorted(self.tokenizer.task_ids)[:10])
             raise RequestError(ErrorCode.UNKNOWN_TASK,
                                f"observation field 'task' is {obs.task[:80]!r}, which this policy was not trained "
                                f"for; known tasks: {known}")
@@ -183,11 +185,11 @@ class PolicyService:
         if not self.ready:
             await self.wait_ready()
         start = time.perf_counter()
-        tokens = await self.engine.generate(self.spec.prompt_tokens(obs.state, obs.task),
+        tokens = await self.engine.generate(self.tokenizer.prompt(obs.task, obs.state),
                                             temperature=temperature, seed=seed)
         engine_s = time.perf_counter() - start
         self.metrics.engine_seconds.observe(engine_s)
-        return self.spec.decode_actions(tokens), {"engine_ms": engine_s * 1e3}
+        return self.tokenizer.decode_actions(tokens), {"engine_ms": engine_s * 1e3}
 
     async def infer_observation(self, obs: Observation, kind: str) -> tuple[np.ndarray, dict[str, float]]:
         """An action chunk for a request without the protocol envelope (openpi-style, JSON)."""

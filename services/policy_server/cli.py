@@ -2,10 +2,12 @@
 
     policy-server --checkpoint DIR [--host 127.0.0.1] [--port 8000] [--engine vllm|hf] [--name NAME]
 
-The checkpoint is validated before anything starts; a bad one is refused with
-what is wrong in it. The server binds loopback unless told otherwise. On SIGTERM
-or Ctrl-C it stops taking new requests (they get ``shutting_down``), finishes
-those in flight, then exits; a second signal exits at once.
+Every flag is also a ``POLICY_SERVER_*`` environment variable (``--max-num-seqs`` ↔
+``POLICY_SERVER_MAX_NUM_SEQS``, see ``services/policy_server/settings.py``); a flag
+overrides the variable. The checkpoint is validated before anything starts; a bad one
+is refused with what is wrong in it. The server binds loopback unless told otherwise.
+On SIGTERM or Ctrl-C it stops taking new requests (they get ``shutting_down``),
+finishes those in flight, then exits; a second signal exits at once.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ import signal
 import sys
 import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
+from pydantic import ValidationError
 
+from policy_format import CheckpointError, load_checkpoint
 from services.policy_server.app import PolicyService, create_app
-from services.policy_server.engines import EngineSettings, make_engine
-from services.policy_server.policy_format import CheckpointError, load_policy_spec
+from services.policy_server.engines import EngineSettings, build_inference_engine
+from services.policy_server.settings import PolicyServerSettings
 from services.protocol.codec import Limits
 
 log = logging.getLogger("policy_server")
@@ -65,67 +70,93 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="policy-server", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--checkpoint", required=True, help="policy checkpoint directory (HF weights + policy.json)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm",
-                        help="vllm: continuous batching (default); hf: transformers, one request at a time")
-    parser.add_argument("--name", help="policy name announced in the handshake (default: policy.json's name)")
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and each flag's default (the environment's, if set) after its help."""
+
+
+# flags whose spelling is not the settings field's with dashes
+_FLAGS = {"drain_timeout_s": "--drain-timeout"}
+
+
+def _flag(field: str) -> str:
+    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def build_parser(defaults: PolicyServerSettings | None = None) -> argparse.ArgumentParser:
+    """The command line; a flag's default is ``defaults``' value (the environment's when not given)."""
+    defaults = defaults if defaults is not None else PolicyServerSettings()
+    parser = argparse.ArgumentParser(prog="policy-server", description=__doc__, formatter_class=_HelpFormatter)
+
+    def add(field: str, group: Any = parser, **kwargs: Any) -> None:
+        kwargs.setdefault("default", getattr(defaults, field))
+        group.add_argument(_flag(field), dest=field, help=PolicyServerSettings.model_fields[field].description,
+                           **kwargs)
+
+    checkpoint = defaults.checkpoint
+    add("checkpoint", required=checkpoint is None, default=None if checkpoint is None else str(checkpoint),
+        metavar="DIR")
+    add("host")
+    add("port", type=int)
+    add("engine", choices=["vllm", "hf"])
+    add("name")
     engine = parser.add_argument_group("vLLM engine")
-    defaults = EngineSettings()
-    engine.add_argument("--dtype", default=defaults.dtype, help="weights and activations dtype (default: float32)")
-    engine.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs,
-                        help="most requests batched in one engine step")
-    engine.add_argument("--max-num-batched-tokens", type=int, default=None)
-    engine.add_argument("--kv-cache-gib", type=float, default=defaults.kv_cache_gib,
-                        help="KV-cache space on CPU hosts, GiB")
-    engine.add_argument("--memory-utilization", type=float, default=defaults.memory_utilization,
-                        help="fraction of device (or, on CPU, host) memory vLLM may claim")
-    engine.add_argument("--compile", action="store_true", help="let vLLM torch.compile the model (slower start)")
-    engine.add_argument("--omp-threads-bind", default=None,
-                        help="CPU cores for vLLM's OpenMP threads, e.g. '0-1' or 'nobind' (default: vLLM's auto)")
-    engine.add_argument("--executor", choices=["uni", "mp"], default=None,
-                        help="uni: run the model inside the engine-core process (one process fewer); "
-                             "mp: a worker process per device (vLLM's default)")
-    engine.add_argument("--engine-core", choices=["vllm", "compute"], default="vllm",
-                        help="CPU hosts: where vLLM's engine-core (scheduler) process runs. vllm (default): where "
-                             "vLLM leaves it, the fastest on a host that serves; its busy-wait takes a core's idle "
-                             "time. compute: on its worker's cores, so the other cores stay free for simulators "
-                             "or clients on this host (evalforge up and trainer rollout use it; "
-                             "docs/benchmarks.md)")
-    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio",
-                        help="event loop (default asyncio: vLLM's front end kept less of the raw engine's "
-                             "throughput on uvloop; docs/benchmarks.md)")
-    parser.add_argument("--max-frame-bytes", type=int, default=Limits().max_frame_bytes,
-                        help="largest request frame accepted (default 64 MiB)")
-    parser.add_argument("--drain-timeout", type=float, default=30.0,
-                        help="seconds to wait for in-flight requests on shutdown")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add("dtype", engine)
+    add("max_num_seqs", engine, type=int)
+    add("max_num_batched_tokens", engine, type=int)
+    add("kv_cache_gib", engine, type=float)
+    add("memory_utilization", engine, type=float)
+    add("compile", engine, action=argparse.BooleanOptionalAction)
+    add("omp_threads_bind", engine)
+    add("executor", engine, choices=["uni", "mp"])
+    add("engine_core", engine, choices=["vllm", "compute"])
+    add("loop", choices=["asyncio", "uvloop"])
+    add("max_frame_bytes", type=int)
+    add("drain_timeout_s", type=float, metavar="SECONDS")
+    add("log_level", choices=["debug", "info", "warning", "error"])
     return parser
 
 
-def engine_settings(args: argparse.Namespace) -> EngineSettings:
-    return EngineSettings(dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=not args.compile,
-                          kv_cache_gib=args.kv_cache_gib, memory_utilization=args.memory_utilization,
-                          omp_threads_bind=args.omp_threads_bind, executor=args.executor,
-                          engine_core_on_compute_cores=args.engine_core == "compute")
+def _problems(exc: ValidationError, name: Any) -> str:
+    return "; ".join(f"{name(str(error['loc'][0]))}: {error['msg']}" if error["loc"] else error["msg"]
+                     for error in exc.errors())
+
+
+def read_settings(argv: list[str] | None = None) -> PolicyServerSettings:
+    """The server's settings: flags in ``argv`` over ``POLICY_SERVER_*`` variables over the defaults."""
+    try:
+        environment = PolicyServerSettings()
+    except ValidationError as exc:
+        prefix = PolicyServerSettings.model_config["env_prefix"]
+        print(f"policy-server: error: {_problems(exc, lambda f: prefix + f.upper())}", file=sys.stderr)
+        raise SystemExit(2) from None
+    parser = build_parser(environment)
+    args = parser.parse_args(argv)
+    try:
+        return PolicyServerSettings(**vars(args))
+    except ValidationError as exc:
+        parser.error(_problems(exc, _flag))
+
+
+def engine_settings(settings: PolicyServerSettings) -> EngineSettings:
+    return EngineSettings(dtype=settings.dtype, max_num_seqs=settings.max_num_seqs,
+                          max_num_batched_tokens=settings.max_num_batched_tokens,
+                          enforce_eager=not settings.compile, kv_cache_gib=settings.kv_cache_gib,
+                          memory_utilization=settings.memory_utilization,
+                          omp_threads_bind=settings.omp_threads_bind, executor=settings.executor,
+                          engine_core_on_compute_cores=settings.engine_core == "compute")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = read_settings(argv)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        spec = load_policy_spec(args.checkpoint)
+        checkpoint = load_checkpoint(settings.checkpoint)
     except CheckpointError as exc:
         print(f"policy-server: error: {exc}", file=sys.stderr)
         return 2
-    settings = engine_settings(args)
-    limits = Limits(max_frame_bytes=args.max_frame_bytes)
-    service = PolicyService(spec, make_engine(args.engine, spec, settings), name=args.name, limits=limits)
+    limits = Limits(max_frame_bytes=settings.max_frame_bytes)
+    engine = build_inference_engine(settings.engine, checkpoint, engine_settings(settings))
+    service = PolicyService(checkpoint, engine, name=settings.name, limits=limits)
     server: DrainingServer | None = None
 
     def on_fatal(exc: BaseException) -> None:
@@ -133,11 +164,13 @@ def main(argv: list[str] | None = None) -> int:
             server.fail(exc)
 
     app = create_app(service, on_fatal=on_fatal)
-    config = uvicorn.Config(app, host=args.host, port=args.port, ws="websockets-sansio",
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, ws="websockets-sansio",
                             ws_max_size=2 * limits.max_frame_bytes, ws_per_message_deflate=False,
-                            log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="on", loop=args.loop)
-    server = DrainingServer(config, service, args.drain_timeout)
-    log.info("serving %s (%s engine) on http://%s:%d, WebSocket at /ws", spec.name, args.engine, args.host, args.port)
+                            log_level=settings.log_level, timeout_graceful_shutdown=5, lifespan="on",
+                            loop=settings.loop)
+    server = DrainingServer(config, service, settings.drain_timeout_s)
+    log.info("serving %s (%s engine) on http://%s:%d, WebSocket at /ws", checkpoint.name, settings.engine,
+             settings.host, settings.port)
     server.run()
     return server.exit_code
 

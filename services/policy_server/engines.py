@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.policy_server.policy_format import PolicySpec
+from policy_format import PolicyCheckpoint
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ class Engine(ABC):
 
     name: str
 
-    def __init__(self, spec: PolicySpec) -> None:
-        self.spec = spec
+    def __init__(self, checkpoint: PolicyCheckpoint) -> None:
+        self.checkpoint = checkpoint
         self.on_batch: Callable[[int], None] | None = None  # told the batch size of each engine step
 
     @abstractmethod
@@ -67,7 +67,7 @@ class Engine(ABC):
 
     @abstractmethod
     async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
-        """Exactly ``spec.max_tokens`` ids from the action range."""
+        """Exactly ``checkpoint.tokenizer.action_len`` ids (one action chunk) from the action range."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's processes and memory."""
@@ -76,8 +76,8 @@ class Engine(ABC):
 class VllmEngine(Engine):
     name = "vllm"
 
-    def __init__(self, spec: PolicySpec, settings: EngineSettings | None = None) -> None:
-        super().__init__(spec)
+    def __init__(self, checkpoint: PolicyCheckpoint, settings: EngineSettings | None = None) -> None:
+        super().__init__(checkpoint)
         self.settings = settings or EngineSettings()
         self._llm = None
         self._greedy = None
@@ -94,10 +94,10 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(
-            model=str(self.spec.directory),
+            model=str(self.checkpoint.directory),
             skip_tokenizer_init=True,
             dtype=s.dtype,
-            max_model_len=self.spec.prompt_len + self.spec.max_tokens,
+            max_model_len=self.checkpoint.tokenizer.seq_length,
             max_num_seqs=s.max_num_seqs,
             max_num_batched_tokens=s.max_num_batched_tokens,
             enforce_eager=s.enforce_eager,
@@ -162,7 +162,7 @@ class VllmEngine(Engine):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        n = self.spec.max_tokens
+        n = self.checkpoint.tokenizer.action_len
         # skip_clone: vLLM deep-copies each request's parameters (≈ 0.1 ms with the
         # allowed-token list) unless told they are safe to share. These are: what
         # vLLM adds to its copy (stop ids from the generation config) is the same
@@ -173,7 +173,7 @@ class VllmEngine(Engine):
             ignore_eos=True,
             temperature=temperature,
             seed=seed,
-            allowed_token_ids=self.spec.allowed_token_ids,
+            allowed_token_ids=self.checkpoint.tokenizer.allowed_token_ids,
             detokenize=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
             skip_clone=True,
@@ -220,8 +220,8 @@ class VllmEngine(Engine):
 class HfEngine(Engine):
     name = "hf"
 
-    def __init__(self, spec: PolicySpec) -> None:
-        super().__init__(spec)
+    def __init__(self, checkpoint: PolicyCheckpoint) -> None:
+        super().__init__(checkpoint)
         self._model = None
         self._lock = asyncio.Lock()
 
@@ -232,7 +232,7 @@ class HfEngine(Engine):
         import torch
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(self.spec.directory), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(self.checkpoint.directory), dtype=torch.float32)
         return model.eval()
 
     async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
@@ -245,12 +245,12 @@ class HfEngine(Engine):
         import torch
 
         assert self._model is not None, "engine not started"
-        start, end = self.spec.action_range
+        start, end = self.checkpoint.tokenizer.action.token_range
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         tokens: list[int] = []
         with torch.inference_mode():
             out = self._model(torch.tensor([prompt]), use_cache=True)
-            for _ in range(self.spec.max_tokens):
+            for _ in range(self.checkpoint.tokenizer.action_len):
                 logits = out.logits[0, -1, start:end].float()
                 if temperature > 0:
                     probs = torch.softmax(logits / temperature, dim=-1)
@@ -331,9 +331,11 @@ def pin_threads(process: object, cores: set[int]) -> None:
             continue
 
 
-def make_engine(kind: str, spec: PolicySpec, settings: EngineSettings | None = None) -> Engine:
+def build_inference_engine(kind: str, checkpoint: PolicyCheckpoint,
+                           settings: EngineSettings | None = None) -> Engine:
+    """The inference engine ``kind`` (``vllm`` or ``hf``) for ``checkpoint``, not started yet."""
     if kind == "vllm":
-        return VllmEngine(spec, settings)
+        return VllmEngine(checkpoint, settings)
     if kind == "hf":
-        return HfEngine(spec)
+        return HfEngine(checkpoint)
     raise ValueError(f"unknown engine {kind!r}; choose vllm or hf")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.protocol.launcher import PolicyServerProcess
+from services.supervisor import PolicyServerProcess
 from trainer.cli import main as trainer_main
 
 STATE_DIM, ACTION_DIM, CHUNK = 39, 4, 4
@@ -53,14 +53,14 @@ def reference(checkpoint):
     """The transformers engine, in-process: the answer every server must give."""
     import asyncio
 
+    from policy_format import load_checkpoint
     from services.policy_server.engines import HfEngine
-    from services.policy_server.policy_format import load_policy_spec
 
-    spec = load_policy_spec(checkpoint)
-    engine = HfEngine(spec)
+    policy = load_checkpoint(checkpoint)
+    engine = HfEngine(policy)
     asyncio.run(engine.start())
 
     def actions_for(state, task):
-        return spec.decode_actions(engine.generate_sync(spec.prompt_tokens(state, task)))
+        return policy.tokenizer.decode_actions(engine.generate_sync(policy.tokenizer.prompt(task, state)))
 
     return actions_for

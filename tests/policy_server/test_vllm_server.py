@@ -11,7 +11,7 @@ import pytest
 
 from services.protocol.client import AsyncPolicyClient, ClientSettings, PolicyClient
 from services.protocol.codec import packb, unpackb
-from services.protocol.launcher import PolicyServerProcess
+from services.supervisor import PolicyServerProcess
 from tests.policy_server.conftest import STATE_DIM, TASKS, start_server
 
 pytestmark = pytest.mark.vllm
@@ -119,27 +119,14 @@ def test_by_default_the_scheduler_stays_where_vllm_put_it(vllm_server):
     assert any(cores - compute for cores in engine_core), "the engine core was confined to the compute cores"
 
 
-def test_engine_core_flag_sets_the_placement():
-    from services.policy_server.cli import build_parser, engine_settings
-
-    def placed_on_compute(*flags: str) -> bool:
-        args = build_parser().parse_args(["--checkpoint", "x", *flags])
-        return engine_settings(args).engine_core_on_compute_cores
-
-    assert placed_on_compute("--engine-core", "compute")
-    assert not placed_on_compute() and not placed_on_compute("--engine-core", "vllm")
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["--checkpoint", "x", "--engine-core", "serving"])
-
-
 def test_closing_the_engine_gives_this_process_its_cores_back(checkpoint):
+    from policy_format import load_checkpoint
     from services.policy_server.engines import VllmEngine
-    from services.policy_server.policy_format import load_policy_spec
 
     before = os.sched_getaffinity(0)
     if len(before) < 2:
         pytest.skip("needs two cores")
-    engine = VllmEngine(load_policy_spec(checkpoint))
+    engine = VllmEngine(load_checkpoint(checkpoint))
     engine._cores_before = before  # as start() records it before moving this process
     os.sched_setaffinity(0, {min(before)})  # as move_off_compute_cores leaves it
     try:

@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from policy_format import PolicyCard, load_checkpoint
 from trainer import checkpoint as ckpt
 from trainer import parallel
 from trainer.adapters import AdapterError, adapter_for, adapter_for_hf_config
 from trainer.config import ModelConfig, ParallelConfig, PretrainConfig, to_dict
 from trainer.export import ExportError, export_checkpoint, load_model_checkpoint
 from trainer.model import build_model, model_state_dict, spec_state_dict
-from trainer.policy_file import PolicyCard
 
 ATOL = RTOL = 1e-4
 
@@ -233,7 +233,6 @@ def test_export_refuses_to_overwrite_unless_forced(tmp_path):
 
 
 def test_cli_exports_a_robot_policy_the_policy_server_accepts(tmp_path):
-    from services.policy_server.policy_format import load_policy_spec
     from trainer.cli import main as trainer_main
 
     tasks = ("reach-v3", "push-v3", "pick-place-v3")
@@ -248,15 +247,15 @@ def test_cli_exports_a_robot_policy_the_policy_server_accepts(tmp_path):
     directory = save_training_checkpoint(make_model(cfg), cfg, tmp_path / "ckpt")
 
     out = tmp_path / "policy"
-    assert trainer_main(["export", str(directory), str(out), "--policy-json", str(policy_json)]) == 0
-    spec = load_policy_spec(out)
-    assert spec.vocab_size == cfg.vocab_size
-    assert spec.action_range == card.layout.action_range and set(spec.tasks) == set(tasks)
+    assert trainer_main(["export", str(directory), "--out", str(out), "--policy-json", str(policy_json)]) == 0
+    policy = load_checkpoint(out)  # what the policy server checks before serving it
+    assert policy.vocab_size == cfg.vocab_size
+    assert policy.tokenizer.action.token_range == card.layout.action_range and set(policy.tokenizer.tasks) == set(tasks)
 
     small = ModelConfig(**{**to_dict(cfg), "vocab_size": card.layout.task_range[1] - 1})
     small_dir = save_training_checkpoint(make_model(small), small, tmp_path / "small")
     with pytest.raises(SystemExit, match=r"token_ranges\.task ends at"):
-        trainer_main(["export", str(small_dir), str(tmp_path / "bad"), "--policy-json", str(policy_json)])
+        trainer_main(["export", str(small_dir), "--out", str(tmp_path / "bad"), "--policy-json", str(policy_json)])
 
 
 def test_tokenizer_files_and_special_ids_go_into_the_export(tmp_path):

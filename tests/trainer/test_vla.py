@@ -1,9 +1,9 @@
 """`trainer vla` and its data pipeline on a tiny MetaWorld reach dataset collected here (3 episodes).
 
-Token layout and loss masks; binning parity with the policy server's ``PolicySpec``
-(bit for bit); exact, data-parallel-aware batching; a few training steps give a
-checkpoint that ``load_policy_spec`` accepts and ``policy-server --engine hf`` serves;
-broken datasets, unknown suites and unservable head sizes are refused with a message.
+Token layout and loss masks; training sequences and the policy server's prompts built by
+the one ``policy_format`` function; exact, data-parallel-aware batching; a few training
+steps give a checkpoint that ``load_checkpoint`` accepts and ``policy-server --engine hf``
+serves; broken datasets, unknown suites and unservable head sizes are refused with a message.
 """
 
 from __future__ import annotations
@@ -18,18 +18,13 @@ import pytest
 import torch
 import yaml
 
-from services.policy_server.policy_format import load_policy_spec
+import policy_format
+from policy_format import PolicyTokenizer, load_checkpoint
+from services.protocol.codec import packb, unpackb
 from tests.policy_server.conftest import start_server
 from trainer.cli import main as trainer_main
-from trainer.data.lerobot import DatasetError, LeRobotDataset
-from trainer.data.robot import (
-    RobotBatches,
-    RobotSamples,
-    RobotTokenizer,
-    UniformBins,
-    dataset_bins,
-    normalization_bounds,
-)
+from trainer.data.lerobot import DatasetError, DemonstrationDataset
+from trainer.data.robot import RobotBatches, RobotSamples, dataset_card, normalization_bounds
 
 SUITE = "metaworld-mt1-reach"
 CHUNK = 4
@@ -43,13 +38,12 @@ def dataset_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def dataset(dataset_dir) -> LeRobotDataset:
-    return LeRobotDataset(dataset_dir)
+def dataset(dataset_dir) -> DemonstrationDataset:
+    return DemonstrationDataset(dataset_dir)
 
 
-def tokenizer_for(dataset: LeRobotDataset, bins: int = 256, chunk: int = CHUNK) -> RobotTokenizer:
-    state, action = dataset_bins(dataset, state_bins=bins, action_bins=bins)
-    return RobotTokenizer(dataset.tasks, state, action, chunk)
+def tokenizer_for(dataset: DemonstrationDataset, bins: int = 256, chunk: int = CHUNK) -> PolicyTokenizer:
+    return dataset_card(dataset, name="reach-tiny", chunk_size=chunk, state_bins=bins, action_bins=bins).tokenizer()
 
 
 def recipe(tmp_path: Path, dataset_dir: Path, **sections: dict) -> Path:
@@ -107,14 +101,14 @@ def test_action_chunks_follow_the_episode_and_repeat_its_last_action(dataset):
     first = dataset.episodes[0]
     seq = samples.sequences(np.arange(first.length))
     chunks = seq[:, 1 + d:].reshape(first.length, CHUNK, a)
-    expected = tok.action_tokens(first.action)
+    expected = tok.action.encode(first.action)
     for t in range(first.length):
         rows = [min(t + h, first.length - 1) for h in range(CHUNK)]
         np.testing.assert_array_equal(chunks[t], expected[rows])
-    np.testing.assert_array_equal(seq[:, 1:1 + d], tok.state_tokens(first.state))
+    np.testing.assert_array_equal(seq[:, 1:1 + d], tok.state.encode(first.state))
     # the second episode's first sample starts from its own first frame
     second = samples.sequences(np.array([first.length]))[0]
-    np.testing.assert_array_equal(second[1:1 + d], tok.state_tokens(dataset.episodes[1].state[0]))
+    np.testing.assert_array_equal(second[1:1 + d], tok.state.encode(dataset.episodes[1].state[0]))
 
 
 def test_degenerate_bounds_are_widened_and_quantiles_are_the_default(dataset):
@@ -190,7 +184,7 @@ def test_data_parallel_ranks_split_each_global_batch(dataset):
 @pytest.fixture(scope="module")
 def trained(dataset_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vla-run")
-    result = trainer_main(["vla", str(recipe(tmp, dataset_dir)), "--policy.name", "reach-tiny"])
+    result = trainer_main(["vla", "--config", str(recipe(tmp, dataset_dir)), "--policy.name", "reach-tiny"])
     assert result == 0
     return tmp / "run"
 
@@ -212,8 +206,7 @@ def test_a_few_steps_leave_a_run_directory_and_a_policy_checkpoint(trained, data
     assert hf_config["vocab_size"] == 192  # 64 + 64 + 1 task → rounded up to 64
     assert hf_config["max_position_embeddings"] == 1 + 39 + CHUNK * 4
 
-    spec = load_policy_spec(run / "policy")
-    assert spec.prompt_len + spec.max_tokens == hf_config["max_position_embeddings"]
+    assert load_checkpoint(run / "policy").tokenizer.seq_length == hf_config["max_position_embeddings"]
 
 
 def test_an_interrupted_run_resumes_to_the_same_losses(dataset_dir, tmp_path):
@@ -223,55 +216,84 @@ def test_an_interrupted_run_resumes_to_the_same_losses(dataset_dir, tmp_path):
 
     noisy = {"data": {"state_noise": 0.05}, "policy": {"export": False}}
     straight = recipe(tmp_path / "a", dataset_dir, **noisy)
-    assert trainer_main(["vla", str(straight)]) == 0
+    assert trainer_main(["vla", "--config", str(straight)]) == 0
     interrupted = recipe(tmp_path / "b", dataset_dir, **noisy)
-    assert trainer_main(["vla", str(interrupted), "--training.exit_at_step", "2"]) == 0
+    assert trainer_main(["vla", "--config", str(interrupted), "--training.exit_at_step", "2"]) == 0
     assert sorted(losses(tmp_path / "b" / "run")) == [1, 2]
-    assert trainer_main(["vla", str(interrupted), "--resume", "auto"]) == 0
+    assert trainer_main(["vla", "--config", str(interrupted), "--resume", "auto"]) == 0
     expected = losses(tmp_path / "a" / "run")
     assert losses(tmp_path / "b" / "run") == pytest.approx(expected, rel=1e-6)
     card = json.loads((tmp_path / "b" / "run" / "policy.json").read_text())
     assert card["provenance"]["steps"] == 4 and card["provenance"]["state_noise"] == 0.05
 
 
-def test_binning_is_bit_for_bit_the_servers(trained, dataset):
-    spec = load_policy_spec(trained / "policy")
-    state = UniformBins(spec.state_low, spec.state_high, spec.state_bins)
-    action = UniformBins(spec.action_low, spec.action_high, spec.action_bins)
-    tok = RobotTokenizer(list(spec.tasks), state, action, spec.chunk_size)
-    # the bounds the run wrote are the ones the pipeline derives from the dataset
-    ours_state, ours_action = dataset_bins(dataset, state_bins=64, action_bins=64)
-    np.testing.assert_array_equal(ours_state.low, spec.state_low)
-    np.testing.assert_array_equal(ours_action.high, spec.action_high)
+def test_the_served_card_is_the_one_the_pipeline_trained_with(trained, dataset):
+    served = load_checkpoint(trained / "policy").card
+    ours = dataset_card(dataset, name="reach-tiny", chunk_size=CHUNK, state_bins=64, action_bins=64)
+    for name in ("state_low", "state_high", "action_low", "action_high"):
+        np.testing.assert_array_equal(getattr(served, name), getattr(ours, name), err_msg=name)
+    assert served.layout == ours.layout and served.task_ids == ours.task_ids
+    assert (served.state_bins, served.action_bins, served.chunk_size) == (64, 64, CHUNK)
 
-    # every demo state, values on and next to bin edges, and values far outside the bounds
-    rng = np.random.default_rng(0)
-    edges = spec.state_low + np.arange(65)[:, None] / 64 * (spec.state_high - spec.state_low)
-    states = np.concatenate([
-        np.concatenate([ep.state for ep in dataset]),
-        edges.astype(np.float32),
-        np.nextafter(edges.astype(np.float32), np.float32(-np.inf)),
-        rng.uniform(-3, 3, (500, spec.state_dim)).astype(np.float32),
-    ])
-    samples = RobotSamples(dataset, tok)
-    for i, s in enumerate(states):
-        assert tok.prompt_tokens(s, "reach-v3") == spec.prompt_tokens(s, "reach-v3"), i
-    np.testing.assert_array_equal(samples.sequences(np.arange(len(samples)))[:, :spec.prompt_len],
-                                  [spec.prompt_tokens(s, "reach-v3") for s in np.concatenate([ep.state for ep in dataset])])
-
-    # action tokens the pipeline trains on decode, with the server's code, to within half a bin
+    # action tokens the pipeline trains on decode, with the served tokenizer, to within half a bin
+    tok = load_checkpoint(trained / "policy").tokenizer
+    samples = RobotSamples(dataset, tokenizer_for(dataset, bins=64))
     seq = samples.sequences(np.arange(len(samples)))
-    width = (spec.action_high - spec.action_low) / spec.action_bins
+    width = (tok.action.high - tok.action.low) / tok.action.bins
     frames = np.concatenate([ep.action for ep in dataset])
     for i in range(len(samples)):
-        decoded = spec.decode_actions(seq[i, spec.prompt_len:])
-        np.testing.assert_array_equal(decoded, tok.decode_actions(seq[i, spec.prompt_len:]))
-        target = np.clip(frames[i], spec.action_low, spec.action_high)
+        decoded = tok.decode_actions(seq[i, tok.prompt_len:])
+        target = np.clip(frames[i], tok.action.low, tok.action.high)
         assert (np.abs(decoded[0] - target) <= width / 2 + 1e-6).all()
-    # and bin centres encode back to their own bins
-    bins = np.arange(spec.action_bins)
-    centres = spec._action_values  # [bins, action_dim]
-    np.testing.assert_array_equal(action.encode(centres), np.repeat(bins[:, None], spec.action_dim, axis=1))
+
+
+async def test_training_sequences_and_server_prompts_are_built_by_one_function(trained, dataset, monkeypatch):
+    """Not two codes that agree today: one function, called by both sides, with equal results."""
+    from policy_format.tokens import PolicyTokenizer as DefiningClass
+    from services.policy_server.app import PolicyService
+    from services.policy_server.engines import HfEngine
+
+    policy = load_checkpoint(trained / "policy")
+    service = PolicyService(policy, HfEngine(policy))
+    tokenizer = tokenizer_for(dataset, bins=64)
+    # the very same function object on both sides: neither has a subclass or a copy of its own
+    assert type(tokenizer) is type(service.tokenizer) is policy_format.PolicyTokenizer is DefiningClass
+    assert type(tokenizer).sequence is type(service.tokenizer).sequence is DefiningClass.__dict__["sequence"]
+
+    # and both sides go through it: the trainer for every sample, the server for every prompt
+    calls: list[tuple[object, bool]] = []
+    sequence = DefiningClass.sequence
+
+    def recorded(self, task, state, actions=None):
+        calls.append((task, actions is not None))
+        return sequence(self, task, state, actions)
+
+    monkeypatch.setattr(DefiningClass, "sequence", recorded)
+    samples = RobotSamples(dataset, tokenizer)
+    assert calls and all(with_actions for _, with_actions in calls)
+    trained_on = samples.sequences(np.arange(len(samples)))
+
+    prompts: list[list[int]] = []
+    generate = service.engine.generate
+
+    async def engine_sees(prompt, **kwargs):
+        prompts.append(list(prompt))
+        return await generate(prompt, **kwargs)
+
+    service.engine.generate = engine_sees
+    await service.start()
+    states = np.concatenate([ep.state for ep in dataset])
+    frames = [0, 5, 17, len(states) - 1]
+    calls.clear()
+    prompts.clear()
+    for frame in frames:
+        reply = unpackb((await service.handle(packb({"state": states[frame], "task": "reach-v3"})))[0])
+        assert reply["actions"].shape == (CHUNK, 4)
+    await service.engine.close()
+    assert calls == [("reach-v3", False)] * len(frames)
+    # a training sequence starts with the prompt the server sends the engine for the same (task, state)
+    for frame, prompt in zip(frames, prompts, strict=True):
+        assert trained_on[frame, :tokenizer.prompt_len].tolist() == prompt, frame
 
 
 def test_policy_server_serves_the_trained_checkpoint(trained, dataset, tmp_path):
@@ -280,15 +302,13 @@ def test_policy_server_serves_the_trained_checkpoint(trained, dataset, tmp_path)
     from services.protocol.client import PolicyClient
 
     policy = trained / "policy"
-    spec = load_policy_spec(policy)
-    state, action = dataset_bins(dataset, state_bins=64, action_bins=64)
-    tok = RobotTokenizer(dataset.tasks, state, action, CHUNK)
+    tok = tokenizer_for(dataset, bins=64)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
-    allowed = torch.full((spec.vocab_size,), float("-inf"))
-    allowed[spec.action_range[0]:spec.action_range[1]] = 0
+    allowed = torch.full((load_checkpoint(policy).vocab_size,), float("-inf"))
+    allowed[slice(*tok.action.token_range)] = 0
 
     def reference(obs_state: np.ndarray) -> np.ndarray:
-        ids = tok.prompt_tokens(obs_state, "reach-v3")
+        ids = tok.prompt("reach-v3", obs_state)
         with torch.no_grad():
             for _ in range(tok.action_len):
                 logits = model(torch.tensor([ids])).logits[0, -1] + allowed
@@ -329,7 +349,7 @@ def _copy(dataset_dir: Path, tmp_path: Path) -> Path:
 
 def _refused(tmp_path: Path, dataset_dir: Path, match: str, **sections: dict) -> None:
     with pytest.raises(SystemExit, match=match):
-        trainer_main(["vla", str(recipe(tmp_path, dataset_dir, **sections))])
+        trainer_main(["vla", "--config", str(recipe(tmp_path, dataset_dir, **sections))])
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
@@ -373,7 +393,7 @@ def test_stats_without_quantiles_suggest_min_max(dataset_dir, tmp_path):
         feature.pop("q01", None)
     stats_path.write_text(json.dumps(stats))
     _refused(tmp_path, broken, r"stats\.json: 'observation\.state' has no 'q01' statistics .*min_max")
-    result = trainer_main(["vla", str(recipe(tmp_path, broken, data={"normalization": "min_max"},
+    result = trainer_main(["vla", "--config", str(recipe(tmp_path, broken, data={"normalization": "min_max"},
                                              schedule={"train_steps": 1}, policy={"export": False}))])
     assert result == 0
 
