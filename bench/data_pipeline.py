@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.config import load_config  # noqa: E402
 from trainer.data.lerobot import DemonstrationDataset  # noqa: E402
-from trainer.data.robot import RobotBatches, RobotSamples, RobotTokenizer, dataset_bins  # noqa: E402
+from trainer.data.robot import RobotBatches, RobotSamples, dataset_card  # noqa: E402
 from trainer.vla import VLAConfig, resolve_model  # noqa: E402
 
 DEFAULT_RECIPES = "configs/vla-reach-fast.yaml,configs/vla-mt10.yaml"
@@ -109,13 +109,12 @@ def _train_rate(samples: RobotSamples, cfg: VLAConfig, steps: int, warmup: int) 
 def measure(recipe: Path, dataset: DemonstrationDataset, *, steps: int, seconds: float) -> Row:
     """One table row: ``recipe``'s pipeline and model on ``dataset``."""
     cfg = load_config(VLAConfig, recipe, ["--data.path", str(dataset.root)])
-    state, action = dataset_bins(dataset, state_bins=cfg.data.state_bins, action_bins=cfg.data.action_bins,
-                                 mode=cfg.data.normalization, min_range=cfg.data.min_range)
+    card = dataset_card(dataset, name=recipe.stem, chunk_size=cfg.data.chunk_size, state_bins=cfg.data.state_bins,
+                        action_bins=cfg.data.action_bins, mode=cfg.data.normalization, min_range=cfg.data.min_range)
     tokenise_s = float("inf")
     for _ in range(3):  # the fastest of three: the first also pays numpy's first-call costs
         started = time.perf_counter()
-        samples = RobotSamples(dataset, RobotTokenizer(dataset.tasks, state, action, cfg.data.chunk_size),
-                               state_noise=cfg.data.state_noise)
+        samples = RobotSamples(dataset, card.tokenizer(), state_noise=cfg.data.state_noise)
         tokenise_s = min(tokenise_s, time.perf_counter() - started)
     cfg = resolve_model(cfg, samples.tokenizer.layout.vocab_size, samples.seq_length)
     pipeline = _pipeline_rate(samples, cfg, seconds)

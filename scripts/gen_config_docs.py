@@ -9,8 +9,8 @@ What it reads, at run time, so that a new setting shows up without editing this 
   ``services/``, ``trainer/`` or ``benchmarks/``, found by scanning the sources for
   ``BaseSettings``; each field's environment variable names are the ones
   pydantic-settings itself resolves (prefix, aliases);
-- the command lines of ``evalforge`` and ``policy-server`` (the policy server reads no
-  environment settings: its flags are its configuration);
+- the command lines of ``evalforge`` and ``policy-server`` (the policy server's flags
+  override its ``POLICY_SERVER_*`` settings);
 - the variables ``compose.yaml`` interpolates, with their defaults.
 
 ``tests/test_config_docs.py`` fails when the file differs from what this writes, and
@@ -267,8 +267,8 @@ HEADER = """\
 
 Every setting EvalForge reads, with its default. Services read their settings from the
 environment once, when the process starts (pydantic-settings; names are
-case-insensitive; booleans take `1`/`0`/`true`/`false`). The policy server reads no
-environment settings: its command-line flags are its configuration. Training is
+case-insensitive; booleans take `1`/`0`/`true`/`false`). The policy server's
+command-line flags override its `POLICY_SERVER_*` variables. Training is
 configured by recipe files (`configs/*.yaml`, sections described in
 `trainer/config.py`) with dotted command-line overrides, not by the environment.
 How the pieces run together: [deployment.md](deployment.md).

@@ -9,10 +9,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from policy_format import checkpoint_digest
 from services.eval_api.app import create_app
 from services.eval_api.settings import ApiSettings
-from services.policy_server.policy_format import checkpoint_digest
-from services.protocol.launcher import free_port
+from services.supervisor import free_port
 from tests.eval_api.conftest import RecordingQueue
 from tests.policy_server.conftest import (
     ACTION_DIM,

@@ -19,6 +19,7 @@ from services.eval_api.schemas import MAX_ID
 from services.eval_api.settings import ApiSettings
 from services.store import queries
 from services.store.models import Episode, Evaluation
+from services.store.statuses import TERMINAL_EPISODE_STATUSES
 
 UI_ROOT = "/ui/"
 LEADERBOARD_LIMIT = 1000  # rows on the leaderboard page (the JSON API's own cap)
@@ -139,7 +140,7 @@ def evaluation_page(evaluation_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], s
                                     title="histogram of per-episode mean policy latency")
     return render(
         "evaluation.html", evaluation=evaluation, results=results,
-        done=counts["succeeded"] + counts["failed"] + counts["cancelled"], live=evaluation.finished_at is None,
+        done=sum(counts[status.value] for status in TERMINAL_EPISODE_STATUSES), live=evaluation.finished_at is None,
         poll_ms=POLL_MS, refresh_ms=REFRESH_MS, task_chart=task_chart, latency_chart=latency_chart,
         latency_count=len(latencies), episodes=episodes, after=after, page_size=EPISODES_PER_PAGE,
         episode_rows=tables.episode_rows(episodes, UI_ROOT),
