@@ -9,13 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from services.client import EvalForgeClient, EvaluationReport
-from services.supervisor import ProcessSpec, Supervisor, free_port
+from services.client import EvalForgeClient
+from services.eval_api.schemas import EvaluationDetail
+from services.supervisor import ChildProcess, ProcessSpec, Supervisor, free_port
 from tests.workers.conftest import MAX_STEPS, REPO, SUITE, wait_for
 
 
@@ -103,54 +103,44 @@ class UpProcess:
 
     def __init__(self, tmp_path: Path, checkpoint: Path, env: dict[str, str]) -> None:
         self.run_dir = tmp_path / "stack"
-        self.log_path = tmp_path / "up.log"
         base = {k: v for k, v in os.environ.items()
                 if k not in ("DATABASE_URL", "REDIS_URL", "EVALFORGE_BROKER_URL")}
         command = [sys.executable, "-m", "services.cli", "up", "--checkpoint", f"reach={checkpoint}",
                    "--engine", "hf", "--run-dir", str(self.run_dir), "--port", str(free_port()),
                    "--policy-port", str(free_port()), "--concurrency", "1", "--grace", "15"]
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                                         env={**base, "PYTHONUNBUFFERED": "1", **env})
+        # SIGTERM to its group reaches `evalforge up` alone (its children lead groups of their own),
+        # which then stops them: as a user's Ctrl-C or `kill` does.
+        self.process = ChildProcess(command, tmp_path / "up.log", env={**base, **env}, cwd=tmp_path,
+                                    health=lambda: self.state().get("status") == "ready", grace_s=90,
+                                    startup_timeout_s=240).start()
 
     def state(self) -> dict:
         path = self.run_dir / "stack.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-5000:]
+        return self.process.log(5000)
 
-    def wait_ready(self, timeout_s: float = 240) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"evalforge up exited with {self.proc.returncode}:\n{self.log()}"
-            if self.state().get("status") == "ready":
-                return self.state()
-            time.sleep(0.3)
-        raise AssertionError(f"evalforge up was not ready in {timeout_s:.0f} s:\n{self.log()}")
+    def wait_ready(self) -> dict:
+        self.process.wait_healthy(poll_s=0.3)
+        return self.state()
 
     def client(self) -> EvalForgeClient:
         state = self.state()
         return EvalForgeClient(state["api_url"], Path(state["api_key_file"]).read_text().strip())
 
-    def evaluate(self, episodes: int = 2) -> EvaluationReport:
+    def evaluate(self, episodes: int = 2) -> EvaluationDetail:
         client = self.client()
         policy_id = self.state()["policies"][0]["id"]
         evaluation = client.submit_evaluation(policy_id, SUITE, episodes, max_steps=MAX_STEPS)
         return client.watch_evaluation(evaluation.id, poll_s=0.3, timeout_s=180)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                raise AssertionError(f"evalforge up did not stop within 90 s of SIGTERM:\n{self.log()}") from None
-        return self.proc.returncode
+        """Its exit status; -9 (and a failed assertion on it) if it did not stop within 90 s of SIGTERM."""
+        return self.process.stop()
 
 
-def _assert_finished(detail: EvaluationReport, episodes: int) -> None:
+def _assert_finished(detail: EvaluationDetail, episodes: int) -> None:
     assert detail.status == "finished", detail
     assert detail.counts["succeeded"] + detail.counts["failed"] == episodes, detail.counts
     assert detail.overall.failure_reasons == {}, "every episode ran to its end"
