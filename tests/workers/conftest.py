@@ -12,17 +12,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from services.protocol.launcher import PolicyServerProcess, free_port
 from services.store import queries
 from services.store.db import make_session_factory
 from services.store.models import Episode, Evaluation
+from services.supervisor import ChildProcess, PolicyServerProcess, free_port
 from services.workers.settings import WorkerSettings
 from tests.store.databases import empty_tables, pg_database, pg_engine  # noqa: F401  (fixtures)
 
@@ -60,35 +59,33 @@ def policy_server(reach_checkpoint, tmp_path_factory) -> Iterator[PolicyServerPr
     server.stop()
 
 
-class RedisServer:
-    """A throwaway `redis-server` without persistence: a restart loses every queued message."""
+class RedisServer(ChildProcess):
+    """A throwaway `redis-server` without persistence: a restart (``stop`` kills it) loses every queued message."""
 
     def __init__(self, log_dir: Path) -> None:
         self.port = free_port()
-        self.log_dir = log_dir
-        self.proc: subprocess.Popen | None = None
+        super().__init__(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no"], log_dir / f"redis-{self.port}.log", health=self._listening,
+                         startup_timeout_s=10, append_log=True)
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> RedisServer:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=(self.log_dir / f"redis-{self.port}.log").open("ab"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"redis-server did not listen on {self.port} within 10 s")
+    def _listening(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+            return True
+        except OSError:
+            return False
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+    def start(self) -> RedisServer:
+        super().start()
+        self.wait_healthy(poll_s=0.05)
+        return self
+
+    def stop(self) -> int | None:
+        return super().stop(signal.SIGKILL)
 
 
 @pytest.fixture
@@ -106,8 +103,8 @@ def sessions(pg_engine) -> Iterator[sessionmaker[Session]]:  # noqa: F811
     empty_tables(pg_engine)
 
 
-def fast_settings(redis_url: str = "redis://127.0.0.1:1/0", **overrides: object) -> WorkerSettings:
-    return WorkerSettings(redis_url=redis_url, **{**FAST, **overrides})
+def fast_settings(**overrides: object) -> WorkerSettings:
+    return WorkerSettings(**{**FAST, **overrides})
 
 
 def make_evaluation(sessions: sessionmaker[Session], endpoint: str, episodes: int, *,
@@ -152,26 +149,12 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str, step: flo
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
-@dataclass
-class WorkerProcess:
-    proc: subprocess.Popen
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
+class WorkerProcess(ChildProcess):
+    """An ``evalforge worker`` subprocess, healthy once Celery logs ``ready.``."""
 
     def child_pids(self) -> list[int]:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
         return [int(pid) for pid in out.split()]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
 
 def worker_env(database_url: str, redis_url: str, **overrides: object) -> dict[str, str]:
@@ -187,16 +170,13 @@ def start_worker(pg_database, tmp_path) -> Iterator[Callable[..., WorkerProcess]
 
     def start(redis_url: str, name: str = "w1", concurrency: int = 1, **overrides: object) -> WorkerProcess:
         log_path = tmp_path / f"worker-{name}.log"
-        proc = subprocess.Popen(
+        worker = WorkerProcess(
             [sys.executable, "-m", "services.cli", "worker", "--concurrency", str(concurrency),
-             "--hostname", f"{name}@%h", "--loglevel", "info"],
-            cwd=REPO, env=worker_env(pg_database, redis_url, **overrides), stdout=log_path.open("wb"),
-            stderr=subprocess.STDOUT, start_new_session=True)
-        worker = WorkerProcess(proc, log_path)
+             "--hostname", f"{name}@%h", "--log-level", "info"],
+            log_path, health=lambda: "ready." in log_path.read_text(errors="replace"), cwd=REPO,
+            env=worker_env(pg_database, redis_url, **overrides), grace_s=15, startup_timeout_s=60)
         started.append(worker)
-        wait_for(lambda: "ready." in log_path.read_text(errors="replace") or proc.poll() is not None, 60,
-                 f"worker {name} to start")
-        assert proc.poll() is None, worker.log()
+        worker.start().wait_healthy()
         return worker
 
     yield start

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from services.protocol.launcher import free_port
 from services.store import queries
 from services.store.models import EvaluationStatus
+from services.supervisor import free_port
 from services.workers import runner
 from tests.workers.conftest import (
     MAX_STEPS,
