@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.protocol.launcher import free_port
+from services.supervisor import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

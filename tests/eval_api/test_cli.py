@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from services.store import migrate
 from services.store.api_keys import authenticate
 from services.store.db import create_db_engine, make_session_factory
-from services.supervisor import free_port
+from services.supervisor import ChildProcess, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,24 +111,13 @@ def test_api_command_serves_and_refuses_an_unmigrated_database(tmp_path):
 
     port = free_port()
     env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": "redis://127.0.0.1:1/0"}
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "api", "--port", str(port), "--migrate",
-                             "--log-level", "warning"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                response = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert proc.poll() is None, proc.stdout.read().decode()
-                assert time.monotonic() < deadline, "evalforge api did not start within 60 s"
-                time.sleep(0.2)
-        assert response.json() == {"status": "ok"}
+    api = ChildProcess([sys.executable, "-m", "services.cli", "api", "--port", str(port), "--migrate",
+                        "--log-level", "warning"], tmp_path / "api.log", health=f"http://127.0.0.1:{port}/healthz",
+                       env=env, cwd=REPO, startup_timeout_s=60)
+    with api:
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json() == {"status": "ok"}
         ready = httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).json()
         assert ready["checks"]["database"] == "ok" and ready["checks"]["broker"].startswith("error")
         assert httpx.get(f"http://127.0.0.1:{port}/suites", timeout=5).status_code == 200
-    finally:
-        proc.send_signal(signal.SIGTERM)
         # uvicorn shuts down cleanly, then re-raises the signal so a supervisor sees it.
-        assert proc.wait(30) in (0, -signal.SIGTERM)
+        assert api.stop(grace_s=30) in (0, -signal.SIGTERM)
