@@ -143,7 +143,7 @@ class WorkerProcess:
         env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": REDIS_URL, "EVALFORGE_EPISODE_QUEUE": queue,
                "EVALFORGE_REPLAY_EPISODES": "0"}
         self.process = ChildProcess(
-            [sys.executable, "-m", "services.cli", "worker", "--concurrency", "1", "--loglevel", "info",
+            [sys.executable, "-m", "services.cli", "worker", "--concurrency", "1", "--log-level", "info",
              "--hostname", f"bench-{name}@%h"],
             log_path, health=lambda: "ready." in log_path.read_text(errors="replace"), env=env, cwd=REPO,
             startup_timeout_s=120)
