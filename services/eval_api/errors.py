@@ -4,8 +4,11 @@
 ``unknown_suite``…); ``message`` says what was wrong with which input and how to
 fix it; ``details`` carries structured extras (the failing fields of a validation
 error, the existing evaluation of an idempotency conflict). Handlers here cover
-our own ``ApiError``, request validation, Starlette's HTTP errors (404 route, 405)
-and, last, any unexpected exception (500, logged, with no internals in the body).
+our own ``ApiError``, request validation, Starlette's HTTP errors (404 route, 405),
+a store that cannot take more right now (SQLite's "database is locked" after its
+busy timeout, a PostgreSQL pool with no free connection: 503 with ``Retry-After``,
+never 500) and, last, any unexpected exception (500, logged, with no internals in
+the body).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("evalforge.api")
@@ -25,6 +30,18 @@ _CODES_BY_STATUS = {
     406: "not_acceptable", 409: "conflict", 413: "payload_too_large", 415: "unsupported_media_type",
     422: "validation_error", 429: "too_many_requests", 500: "internal_error", 503: "unavailable",
 }
+
+
+STORE_BUSY_RETRY_AFTER_S = 2
+"""``Retry-After`` (seconds) of a 503 from a store that is too busy to take the request now."""
+_STORE_BUSY_MESSAGES = ("database is locked", "database table is locked")
+
+
+def store_busy(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store is busy (a retry will succeed), not that something is broken."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    return isinstance(exc, OperationalError) and any(m in str(exc.orig) for m in _STORE_BUSY_MESSAGES)
 
 
 class ApiError(Exception):
@@ -81,6 +98,17 @@ def install_error_handlers(app: FastAPI) -> None:
         elif exc.status_code == 405:
             message = f"{request.method} is not allowed on {request.url.path}; GET /docs lists the API"
         return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None))
+
+    async def _store_error(request: Request, exc: Exception) -> JSONResponse:
+        if not store_busy(exc):
+            return await _unexpected(request, exc)
+        log.warning("store busy in %s %s: %s", request.method, request.url.path, exc)
+        return error_response(503, "store_busy", "the results store is busy with other writes and could not take "
+                              f"this request now; retry after {STORE_BUSY_RETRY_AFTER_S} s (nothing was stored)",
+                              headers={"Retry-After": str(STORE_BUSY_RETRY_AFTER_S)})
+
+    app.add_exception_handler(OperationalError, _store_error)
+    app.add_exception_handler(PoolTimeout, _store_error)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -4,8 +4,9 @@
 
 Every flag is also a ``POLICY_SERVER_*`` environment variable (``--max-num-seqs`` ↔
 ``POLICY_SERVER_MAX_NUM_SEQS``, see ``services/policy_server/settings.py``); a flag
-overrides the variable. The checkpoint is validated before anything starts; a bad one
-is refused with what is wrong in it. The server binds loopback unless told otherwise.
+overrides the variable. The checkpoint is validated before anything starts — its card,
+and its safetensors headers and shapes against config.json (``weights``) — and a bad
+one is refused in one line with what is wrong in it (exit status 2). The server binds loopback unless told otherwise.
 On SIGTERM or Ctrl-C it stops taking new requests (they get ``shutting_down``),
 finishes those in flight, then exits; a second signal exits at once.
 """
@@ -28,6 +29,7 @@ from policy_format import CheckpointError, load_checkpoint
 from services.policy_server.app import PolicyService, create_app
 from services.policy_server.engines import EngineSettings, build_inference_engine
 from services.policy_server.settings import PolicyServerSettings
+from services.policy_server.weights import WeightsError, check_weights
 from services.protocol.codec import Limits
 
 log = logging.getLogger("policy_server")
@@ -151,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         checkpoint = load_checkpoint(settings.checkpoint)
-    except CheckpointError as exc:
+        check_weights(checkpoint.directory)
+    except (CheckpointError, WeightsError) as exc:
         print(f"policy-server: error: {exc}", file=sys.stderr)
         return 2
     limits = Limits(max_frame_bytes=settings.max_frame_bytes)

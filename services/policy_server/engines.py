@@ -36,7 +36,7 @@ class EngineSettings:
     max_num_seqs: int = 256  # requests batched together at most
     max_num_batched_tokens: int | None = None  # vLLM's default when None
     enforce_eager: bool = True  # False enables torch.compile (slow start on small hosts)
-    kv_cache_gib: float = 1.0  # CPU KV-cache space (VLLM_CPU_KVCACHE_SPACE)
+    kv_cache_gib: int = 1  # CPU KV-cache space, whole GiB (VLLM_CPU_KVCACHE_SPACE is read as an int)
     memory_utilization: float = 0.5  # fraction of host memory vLLM may claim at start on CPU
     omp_threads_bind: str | None = None  # VLLM_CPU_OMP_THREADS_BIND; None keeps vLLM's "auto"
     # "uni" runs the model in the engine-core process instead of a worker process of

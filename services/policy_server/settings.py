@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.policy_server.engines import EngineSettings
@@ -41,7 +41,9 @@ class PolicyServerSettings(BaseSettings):
     max_num_seqs: int = Field(_ENGINE.max_num_seqs, ge=1, description="Most requests vLLM batches in one engine step.")
     max_num_batched_tokens: int | None = Field(_ENGINE.max_num_batched_tokens, ge=1, description=(
         "Most tokens vLLM schedules in one engine step; unset: vLLM's default."))
-    kv_cache_gib: float = Field(_ENGINE.kv_cache_gib, gt=0, description="vLLM's KV-cache space on CPU hosts, GiB.")
+    kv_cache_gib: int = Field(_ENGINE.kv_cache_gib, description=(
+        "vLLM's KV-cache space on CPU hosts, whole GiB (at least 1: vLLM reads VLLM_CPU_KVCACHE_SPACE as an "
+        "integer)."))
     memory_utilization: float = Field(_ENGINE.memory_utilization, gt=0, le=1, description=(
         "Fraction of device (or, on CPU, host) memory vLLM may claim."))
     compile: bool = Field(False, description="Let vLLM torch.compile the model (slower start).")
@@ -63,3 +65,15 @@ class PolicyServerSettings(BaseSettings):
     drain_timeout_s: float = Field(30.0, ge=0, description=(
         "Seconds to wait for in-flight requests on shutdown before exiting anyway."))
     log_level: LogLevel = Field("info", description="Logging level of the server and uvicorn.")
+
+    @field_validator("kv_cache_gib", mode="before")
+    @classmethod
+    def _whole_gib(cls, value: object) -> object:
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return value  # pydantic names the type error
+        if number < 1 or number != int(number):
+            raise ValueError(f"{value!r} is not a whole number of GiB >= 1 (vLLM's VLLM_CPU_KVCACHE_SPACE takes "
+                             "an integer); pass e.g. 1 or 4")
+        return int(number)

@@ -7,12 +7,21 @@ at once:
 - PostgreSQL: a pre-pinged connection pool; row-level conditional updates do the
   coordination (see ``queries``).
 - SQLite: WAL journal (readers never block the writer), foreign keys on, a busy
-  timeout, and ``BEGIN IMMEDIATE`` for every transaction. The last one matters:
-  with SQLite's default deferred transactions, two connections that both read and
+  timeout, and write transactions that take the write lock up front
+  (``BEGIN IMMEDIATE``) at their first write — never at a read. Both halves matter.
+  With SQLite's default deferred transactions, two connections that both read and
   then write deadlock on the lock upgrade and one fails at once with "database is
-  locked" regardless of the busy timeout. Taking the write lock up front makes
-  writers queue instead; in WAL mode readers of committed data are unaffected.
-  SQLite is the single-machine default; anything bigger should use PostgreSQL.
+  locked" regardless of the busy timeout; taking the lock up front makes writers
+  queue instead. But taking it at *every* transaction's start (reads included)
+  lets a request hold the lock between two thread-pool hops of the API (the key
+  check, then the route) while every pool thread waits on that lock: 50 concurrent
+  submissions starved for the busy timeout and answered 500. So a statement that
+  only reads runs in autocommit (its own WAL snapshot, like PostgreSQL's READ
+  COMMITTED sees committed data per statement); the first statement that writes —
+  or a ``SELECT … FOR UPDATE``, which SQLite cannot lock row by row — opens
+  ``BEGIN IMMEDIATE``, and the transaction holds the lock only from there to its
+  commit, inside one query function. SQLite is the single-machine default;
+  anything bigger should use PostgreSQL.
 """
 
 from __future__ import annotations
@@ -62,11 +71,27 @@ def _sqlite_engine(url: Any, settings: StoreSettings) -> Engine:
         cursor.execute(f"PRAGMA busy_timeout={int(settings.sqlite_busy_timeout_s * 1000)}")
         cursor.close()
 
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+    @event.listens_for(engine, "before_cursor_execute")
+    def _write_lock_at_first_write(_conn: Any, cursor: Any, statement: str, _params: Any, context: Any,
+                                   _executemany: bool) -> None:
+        if cursor.connection.in_transaction or not _takes_write_lock(statement, context):
+            return
+        cursor.execute("BEGIN IMMEDIATE")
 
     return engine
+
+
+_NO_LOCK_PREFIXES = ("SELECT", "PRAGMA", "EXPLAIN", "BEGIN", "COMMIT", "ROLLBACK", "RELEASE", "END")
+
+
+def _takes_write_lock(statement: str, context: Any) -> bool:
+    """Whether ``statement``, run outside a transaction, must first take SQLite's write lock."""
+    head = statement.lstrip()[:8].upper()
+    if not head.startswith(_NO_LOCK_PREFIXES):
+        return True  # INSERT, UPDATE, DELETE, DDL, SAVEPOINT, WITH … (maybe writing)
+    compiled = getattr(context, "compiled", None)
+    return head.startswith("SELECT") and getattr(getattr(compiled, "statement", None), "_for_update_arg",
+                                                 None) is not None
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

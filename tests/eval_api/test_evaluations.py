@@ -262,3 +262,28 @@ def test_cancel(api):
     assert response.status_code == 409 and response.json()["error"]["code"] == "evaluation_finished"
     assert "already finished" in response.json()["error"]["message"]
     assert api.client.post("/evaluations/31337/cancel", headers=api.auth).status_code == 404
+
+
+@pytest.fixture
+def capped_api(store_engine):
+    from tests.eval_api.conftest import make_api
+    yield from make_api(store_engine, max_queued_episodes=50)
+
+
+def test_queued_episodes_are_capped_in_the_store(capped_api):
+    """Past EVALFORGE_MAX_QUEUED_EPISODES a submission is a 429 naming the cap; once workers take
+    episodes off the queue there is room again. Counted in the store, whatever the broker holds."""
+    api = capped_api
+    policy = api.register_policy()
+    first = api.submit(policy["id"], episodes_per_task=4)  # 40 pending
+    refused = api.client.post("/evaluations", headers=api.auth, json={
+        "policy_id": policy["id"], "suite": "metaworld-mt10", "episodes_per_task": 2, "seed": 1})  # +20 > 50
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "queue_full" and "50" in error["message"]
+    assert "EVALFORGE_MAX_QUEUED_EPISODES" in error["message"] and refused.headers["Retry-After"]
+    assert error["details"] == {"queued_episodes": 40, "new_episodes": 20, "max_queued_episodes": 50}
+    assert len(api.queue.sent) == 40  # nothing of the refused one was stored or enqueued
+    api.submit(policy["id"], episodes_per_task=1, seed=2)  # +10 = 50: at the cap, accepted
+    play(api, first["id"], lambda episode: {"success": True, "steps": 5})
+    api.submit(policy["id"], episodes_per_task=2, seed=3)  # 10 + 20 after the workers ran 40

@@ -232,3 +232,47 @@ def test_sigterm_drains_in_flight_requests_then_exits(checkpoint, tmp_path, refe
         assert not isinstance(result, BaseException), result
         np.testing.assert_array_equal(result.actions, reference(_state(seed), "reach-v3"))
     assert "draining" in server.log()
+
+
+def _policy_server(*args: str) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "services.policy_server", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _copy(checkpoint, tmp_path):
+    import shutil
+    return shutil.copytree(checkpoint, tmp_path / "copy")
+
+
+def test_a_truncated_model_is_refused_before_serving_in_one_line(checkpoint, tmp_path):
+    broken = _copy(checkpoint, tmp_path)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = _policy_server("--checkpoint", str(broken), "--engine", "hf", "--port", "0")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "truncated" in lines[0] and "model.safetensors" in lines[0], result.stderr
+    assert "serving" not in result.stdout + result.stderr and "Traceback" not in result.stderr
+
+
+def test_weights_that_do_not_fit_config_json_are_refused(checkpoint, tmp_path):
+    import json
+    broken = _copy(checkpoint, tmp_path)
+    config = json.loads((broken / "config.json").read_text())
+    config["num_hidden_layers"] += 1
+    (broken / "config.json").write_text(json.dumps(config))
+    result = _policy_server("--checkpoint", str(broken), "--engine", "hf", "--port", "0")
+    assert result.returncode == 2, result.stderr
+    assert "num_hidden_layers" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("value", ["0.5", "1.5", "0"])
+def test_kv_cache_gib_must_be_whole_gib(checkpoint, value, capsys):
+    from services.policy_server.cli import read_settings
+    with pytest.raises(SystemExit) as exit_info:
+        read_settings(["--checkpoint", str(checkpoint), "--kv-cache-gib", value])
+    assert exit_info.value.code == 2
+    assert "--kv-cache-gib" in capsys.readouterr().err
+    assert read_settings(["--checkpoint", str(checkpoint), "--kv-cache-gib", "2"]).kv_cache_gib == 2

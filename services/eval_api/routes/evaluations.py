@@ -9,6 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Response
 from sqlalchemy.orm import Session
 
+from services.eval_api.admission import check_queue_cap
 from services.eval_api.deps import (
     EpisodeQueueDep,
     MetricsDep,
@@ -71,27 +72,31 @@ def _enqueue(queue: EpisodeQueue, metrics: ApiMetrics, episode_ids: list[int]) -
 
 
 @router.post("", status_code=202, response_model=EvaluationDetail,
-             responses=error_responses(401, 403, 409, 413, 422))
+             responses=error_responses(401, 403, 409, 413, 422, 429, 503))
 def create_evaluation(body: EvaluationCreate, response: Response, background: BackgroundTasks,
                       session: SessionDep, settings: SettingsDep, metrics: MetricsDep, episode_queue: EpisodeQueueDep,
-                      _key: WriteKeyDep, idempotency_key: IdempotencyKey = None) -> EvaluationDetail:
+                      caller: WriteKeyDep, idempotency_key: IdempotencyKey = None) -> EvaluationDetail:
     """Evaluate a policy on a suite: store the evaluation with one `pending` row per episode, then
     enqueue one task per episode. Answers 202 with the evaluation and its `Location`.
 
     With `Idempotency-Key`, a retry with the same body returns the same evaluation (202,
     `Idempotent-Replayed: true`) and enqueues nothing; the same key with another body is a 409.
+    Idempotency keys belong to the API key that sent them: another API key's use of the same
+    string is a separate evaluation, never a replay of this one.
     """
     policy = queries.get_policy(session, body.policy_id)
     if policy is None:
         raise ApiError(422, "unknown_policy", f"no policy with id {body.policy_id}; register the policy server "
                        "with POST /policies first", {"policy_id": body.policy_id})
     plan = plan_evaluation(body, policy, max_episodes=settings.max_episodes_per_evaluation)
+    check_queue_cap(session, len(plan.episodes), settings.max_queued_episodes)
     try:
         created = queries.create_evaluation(
             session, policy_id=policy.id, suite=body.suite, tasks=plan.tasks,
             episodes_per_task=body.episodes_per_task, seed=body.seed, max_steps=body.max_steps,
             standard=plan.standard, tags=body.tags, episodes=plan.episodes, idempotency_key=idempotency_key,
-            request_sha256=_request_sha256(body) if idempotency_key is not None else None)
+            request_sha256=_request_sha256(body) if idempotency_key is not None else None,
+            created_by_key_id=caller.key_id)
     except queries.IdempotencyConflict as exc:
         raise ApiError(409, "idempotency_conflict", str(exc), {"evaluation_id": exc.evaluation_id}) from exc
     evaluation = created.evaluation
@@ -152,11 +157,15 @@ def list_episodes(evaluation_id: EvaluationId, session: SessionDep, settings: Se
 
 @router.post("/{evaluation_id}/cancel", response_model=EvaluationDetail,
              responses=error_responses(401, 403, 404, 409, 422))
-def cancel_evaluation(evaluation_id: EvaluationId, session: SessionDep, _key: WriteKeyDep) -> EvaluationDetail:
+def cancel_evaluation(evaluation_id: EvaluationId, session: SessionDep, caller: WriteKeyDep) -> EvaluationDetail:
     """Cancel: pending episodes become `cancelled`, running ones finish. Cancelling twice is
-    harmless; cancelling a finished or failed evaluation is a 409."""
+    harmless; cancelling a finished or failed evaluation is a 409. Only the API key that submitted
+    the evaluation, or an admin key, may cancel it (403 otherwise)."""
     try:
-        evaluation = queries.cancel_evaluation(session, evaluation_id)
+        evaluation = queries.cancel_evaluation(session, evaluation_id, by_key_id=caller.owner_filter)
+    except queries.NotOwner as exc:
+        raise ApiError(403, "not_owner", f"{exc}; cancel your own evaluations, or ask an operator with an admin "
+                       "key (`evalforge apikey create --scope admin`)") from exc
     except queries.NotFound as exc:
         raise ApiError(404, "not_found", f"{exc}; GET /evaluations lists them") from exc
     except queries.EvaluationAlreadyDone as exc:
