@@ -5,6 +5,11 @@
 
 What it starts, in order, after applying the database migrations:
 
+Every port it needs (``--port``, ``--policy-port`` and the ones after it) is checked first:
+one that something else holds fails ``evalforge up`` at once (exit 2) naming the port and
+the flag. Health checks prove they reached the stack's own child: each gets a random
+``EVALFORGE_INSTANCE_TOKEN`` that its health answer must echo (``services/supervisor.py``).
+
 - ``api``: ``evalforge api`` on ``--port`` (health: ``GET /healthz``);
 - ``policy-N``: one ``policy-server`` per ``--checkpoint``, on ``--policy-port``,
   ``+1``, … (health: ``GET /readyz``), registered with the API once ready;
@@ -129,7 +134,7 @@ def build_specs(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) -
     api_url = f"http://{args.host}:{args.port}"
     specs = [ProcessSpec("api", [*exe, "services.cli", "api", "--host", args.host, "--port", str(args.port),
                                  "--log-level", "warning"],
-                         health_url=f"{api_url}/healthz", startup_timeout_s=60)]
+                         health_url=f"{api_url}/healthz", startup_timeout_s=60, instance_token=True)]
     for index, checkpoint in enumerate(checkpoints):
         specs.append(ProcessSpec(
             f"policy-{index + 1}",
@@ -137,7 +142,7 @@ def build_specs(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) -
              str(checkpoint.port), "--engine", args.engine, "--name", checkpoint.name, "--log-level", "warning",
              # workers and simulators share this host: vLLM's scheduler stays on its compute cores
              "--engine-core", "compute"],
-            health_url=f"http://127.0.0.1:{checkpoint.port}/readyz", startup_timeout_s=600))
+            health_url=f"http://127.0.0.1:{checkpoint.port}/readyz", startup_timeout_s=600, instance_token=True))
     for index in range(args.workers):
         worker = [*exe, "services.cli", "worker", "--hostname", f"up-worker-{index + 1}@%h", "--log-level", "info"]
         if args.concurrency:
@@ -145,6 +150,34 @@ def build_specs(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) -
         specs.append(ProcessSpec(f"worker-{index + 1}", worker))
     specs.append(ProcessSpec("sweeper", [*exe, "services.cli", "sweeper"]))
     return specs
+
+
+def busy_ports(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) -> list[str]:
+    """One message per port the stack needs that something else already holds (port, flag, fix)."""
+    wanted = [(args.host, args.port, "--port")]
+    wanted += [("127.0.0.1", c.port, "--policy-port" if i == 0 else f"--policy-port (+{i})")
+               for i, c in enumerate(checkpoints)]
+    problems = []
+    for host, port, flag in wanted:
+        if not port_is_free(host, port):
+            problems.append(f"port {port} on {host} ({flag}) is already in use by another process; stop it or "
+                            f"pick another port with {flag.split()[0]}")
+    return problems
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a listener could bind ``host:port`` now (with SO_REUSEADDR, as uvicorn binds: a
+    connection in TIME_WAIT does not count, another listener does)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 class Stack:
@@ -197,6 +230,13 @@ class Stack:
     def up(self) -> int:
         from services.store import migrate
 
+        # Before anything starts: a child that cannot bind would loop on "address already in
+        # use" while a stranger on its port answered the health checks.
+        problems = busy_ports(self.args, self.checkpoints)
+        if problems:
+            for problem in problems:
+                print(f"evalforge up: {problem}", file=sys.stderr)
+            return 2
         self.run_dir.mkdir(parents=True, exist_ok=True)
         print(f"evalforge up: store {_hide_password(self.env['DATABASE_URL'])}; broker "
               f"{_hide_password(self.env.get('EVALFORGE_BROKER_URL') or self.env['REDIS_URL'])}", flush=True)

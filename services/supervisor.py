@@ -16,7 +16,11 @@ One implementation serves ``evalforge up`` (``services/stack.py``), the policy-s
   started again after a back-off that doubles from 1 s to 30 s (reset once it stayed up a
   minute); a child with a health URL that fails three checks in a row, or never answers within
   its start-up budget, is stopped and restarted the same way; ``stop_all`` stops them last
-  started first.
+  started first. A spec with ``instance_token`` proves the answer is its own child's: each
+  start gets a fresh random ``EVALFORGE_INSTANCE_TOKEN`` in its environment, the child's
+  health answer echoes it as JSON ``"instance"`` (the API's ``/healthz``, the policy
+  server's ``/healthz`` and ``/readyz``), and only a 200 carrying that token is healthy — a
+  stranger on the port (another API, a plain listener) never makes the stack "ready".
 
 Why a process group in the caller's session, not a new session: a Ctrl-C at the terminal
 reaches only the foreground group (the caller, which then stops its children in order), and
@@ -31,8 +35,10 @@ import it without the serving stack.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -53,6 +59,7 @@ __all__ = [
     "ProcessSpec",
     "StartupError",
     "Supervisor",
+    "answers_as_instance",
     "free_port",
     "http_ok",
     "http_status",
@@ -85,6 +92,20 @@ def http_status(url: str, timeout_s: float = 1.0) -> int | None:
 def http_ok(url: str, timeout_s: float = 2.0) -> bool:
     """Whether ``GET url`` answers 200."""
     return http_status(url, timeout_s) == 200
+
+
+INSTANCE_TOKEN_ENV = "EVALFORGE_INSTANCE_TOKEN"
+"""The variable a supervised child's health answer echoes as ``"instance"`` (see ``ProcessSpec.instance_token``)."""
+
+
+def answers_as_instance(url: str, token: str, timeout_s: float = 2.0) -> bool:
+    """Whether ``GET url`` answers 200 with JSON whose ``"instance"`` is ``token``: our own child, not a stranger."""
+    try:
+        with _DIRECT.open(url, timeout=timeout_s) as response:
+            body = json.loads(response.read(65536))
+    except (OSError, ValueError):  # nothing there, an error status, or not JSON: not our child
+        return False
+    return isinstance(body, dict) and secrets.compare_digest(str(body.get("instance", "")), token)
 
 
 class StartupError(RuntimeError):
@@ -288,6 +309,8 @@ class ProcessSpec:
     startup_timeout_s: float = 120.0
     """How long after a (re)start the health URL may stay silent before the process is restarted."""
     env: dict[str, str] = field(default_factory=dict)
+    instance_token: bool = False
+    """Pass a fresh ``EVALFORGE_INSTANCE_TOKEN`` at each start; healthy only when the health URL echoes it."""
 
 
 @dataclass
@@ -304,6 +327,7 @@ class ChildState:
     failed_checks: int = 0
     next_check_at: float = 0.0
     last_exit: int | None = None
+    token: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -340,8 +364,11 @@ class Supervisor:
         with path.open("ab") as logfile:
             logfile.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {child.spec.name} "
                           f"(restart {child.restarts}): {' '.join(child.spec.argv)}\n".encode())
-        child.process = ChildProcess(child.spec.argv, path, env={**self.env, **child.spec.env},
-                                     append_log=True).start()
+        env = {**self.env, **child.spec.env}
+        child.token = secrets.token_hex(16) if child.spec.instance_token else None
+        if child.token is not None:
+            env[INSTANCE_TOKEN_ENV] = child.token
+        child.process = ChildProcess(child.spec.argv, path, env=env, append_log=True).start()
         now = time.monotonic()
         child.started_at, child.restart_at, child.healthy, child.failed_checks = now, None, False, 0
         child.next_check_at = now + 0.5
@@ -388,7 +415,8 @@ class Supervisor:
         if now < child.next_check_at:
             return
         child.next_check_at = now + self.health_every_s
-        if self.health_check(child.spec.health_url):
+        if (answers_as_instance(child.spec.health_url, child.token) if child.token is not None
+                else self.health_check(child.spec.health_url)):
             child.failed_checks = 0
             if not child.healthy:
                 child.healthy = True

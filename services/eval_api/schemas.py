@@ -287,6 +287,9 @@ class SuiteOut(BaseModel):
 
 class HealthOut(BaseModel):
     status: str
+    instance: str | None = Field(None, description=(
+        "EVALFORGE_INSTANCE_TOKEN of this process (set by the supervisor of `evalforge up`), so a health "
+        "check knows it reached its own child."))
 
 
 class ReadyOut(BaseModel):

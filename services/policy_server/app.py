@@ -10,7 +10,8 @@ cache chunks per episode, count everything);
   and every request reaches the engine as it arrives.
 - ``POST /act``: one request per HTTP call, msgpack body (same frames as the
   WebSocket) or JSON for convenience.
-- ``GET /healthz`` (alive), ``GET /readyz`` (model loaded and warmed up),
+- ``GET /healthz`` (alive), ``GET /readyz`` (model loaded and warmed up) — both echo
+  ``EVALFORGE_INSTANCE_TOKEN`` as ``"instance"`` for the supervisor that started it —
   ``GET /metrics`` (Prometheus).
 
 Bad input gets an ``error`` reply with a code and a message naming the field —
@@ -23,6 +24,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -291,13 +293,16 @@ def create_app(service: PolicyService, *, on_fatal: Callable[[BaseException], No
     """The ASGI app; the engine starts in the background so /healthz answers at once."""
     max_body = max_http_body or service.limits.max_frame_bytes
 
+    # Set by a supervisor (services/supervisor.py): echoed so its health check knows it reached its own child.
+    instance = os.environ.get("EVALFORGE_INSTANCE_TOKEN")
+
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "instance": instance})
 
     async def readyz(request: Request) -> Response:
         if service.ready and not service.draining:
-            return JSONResponse({"ready": True, "policy": service.metadata.policy_name})
-        return JSONResponse({"ready": False, "draining": service.draining}, status_code=503)
+            return JSONResponse({"ready": True, "policy": service.metadata.policy_name, "instance": instance})
+        return JSONResponse({"ready": False, "draining": service.draining, "instance": instance}, status_code=503)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -195,3 +195,67 @@ def test_up_refuses_a_directory_that_is_not_a_checkpoint(tmp_path):
                             cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert f"--checkpoint {tmp_path}" in result.stderr and "policy.json" in result.stderr
+
+
+def test_up_fails_at_once_naming_a_taken_port_and_its_flag(tmp_path):
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "services.cli", "up", "--port", str(port), "--run-dir", str(tmp_path / "run"),
+             "--workers", "0"], cwd=REPO, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "DATABASE_URL": f"sqlite:///{tmp_path / 'evalforge.db'}"})
+    assert result.returncode == 2, result.stderr
+    assert f"port {port}" in result.stderr and "--port" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "evalforge.db").exists(), "nothing was started"
+
+
+def test_an_impostor_on_the_health_url_is_not_taken_for_the_child(tmp_path):
+    """Something else answers 200 on the child's health URL: with an instance token the supervisor
+    waits for the child's own answer; the real child echoing its token is healthy."""
+    import http.server
+    import threading
+    import time
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = b'{"status": "ok", "instance": "someone-else"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{impostor.server_address[1]}/healthz"
+    port = free_port()
+    echo = ("import http.server, json, os\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        body = json.dumps({'instance': os.environ['EVALFORGE_INSTANCE_TOKEN']}).encode()\n"
+            "        self.send_response(200); self.send_header('Content-Length', str(len(body))); self.end_headers()\n"
+            "        self.wfile.write(body)\n"
+            f"http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n")
+    specs = [ProcessSpec("fake", [sys.executable, "-c", "import time; time.sleep(60)"], health_url=url,
+                         instance_token=True),
+             ProcessSpec("own", [sys.executable, "-c", echo], health_url=f"http://127.0.0.1:{port}/healthz",
+                         instance_token=True),
+             ProcessSpec("untokened", [sys.executable, "-c", "import time; time.sleep(60)"], health_url=url)]
+    supervisor = Supervisor(specs, tmp_path / "logs", health_every_s=0.2)
+    try:
+        supervisor.start_all()
+        assert supervisor.wait_healthy(["own", "untokened"], timeout_s=30)
+        for _ in range(10):  # ten more rounds of checks: the impostor's 200 never counts
+            supervisor.tick()
+            time.sleep(0.25)
+        assert not supervisor.children["fake"].healthy
+        assert supervisor.children["own"].healthy and supervisor.children["untokened"].healthy
+    finally:
+        supervisor.stop_all(grace_s=2)
+        impostor.shutdown()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -16,8 +18,8 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz", response_model=HealthOut)
 def healthz() -> HealthOut:
-    """The process is up."""
-    return HealthOut(status="ok")
+    """The process is up; `instance` echoes its EVALFORGE_INSTANCE_TOKEN (when it has one)."""
+    return HealthOut(status="ok", instance=os.environ.get("EVALFORGE_INSTANCE_TOKEN"))
 
 
 def _check_database(request: Request) -> str:
