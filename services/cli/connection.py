@@ -39,6 +39,8 @@ def client_verb(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
         verb = f"evalforge {args.command}" + (f" {args.action}" if getattr(args, "action", None) else "")
         try:
+            if args.api_url is not None:
+                check_api_url(args.api_url)
             client = EvalForgeClient(args.api_url, args.api_key, timeout_s=args.timeout_s)
         except ValueError as exc:
             print(f"{verb}: {exc}", file=sys.stderr)
@@ -54,6 +56,22 @@ def client_verb(handler: Handler) -> Callable[[argparse.Namespace], int]:
             return 130
 
     return run
+
+
+def check_api_url(url: str) -> None:
+    """``ValueError`` naming ``--api-url`` and the fix unless ``url`` is an http(s) URL with a host
+    (``http://[::1`` used to end in httpx's traceback)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"--api-url {url!r} is not a valid http(s) URL; give one like http://127.0.0.1:8080 "
+                         "(IPv6: http://[::1]:8080)")
 
 
 def _positive(text: str, number: type[int] | type[float], noun: str, least: str) -> int | float:

@@ -75,6 +75,27 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
              "type": str(err.get("type", ""))} for err in exc.errors()]
 
 
+MISSING_KEY_MESSAGE = ("this request needs an API key: send `Authorization: Bearer <key>` (an operator creates "
+                       "keys with `evalforge apikey create --name NAME`)")
+
+
+def missing_key_response() -> JSONResponse:
+    return error_response(401, "unauthorized", MISSING_KEY_MESSAGE, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _needs_key(request: Request) -> bool:
+    """Writes always need a key; reads when the server sets EVALFORGE_READS_NEED_KEY (see ``deps``)."""
+    if request.method not in ("GET", "HEAD", "OPTIONS"):
+        return True
+    settings = getattr(request.app.state, "settings", None)
+    return bool(getattr(settings, "reads_need_key", False)) and not request.url.path.startswith("/ui")
+
+
+def _has_bearer(request: Request) -> bool:
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and bool(credentials.strip())
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that give every error the one JSON shape."""
 
@@ -83,7 +104,11 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI parses the body before the key check runs: authentication first, so a request
+        # without a key learns that it needs one — not what its (unauthorised) body got wrong.
+        if _needs_key(request) and not _has_bearer(request):
+            return missing_key_response()
         details = _validation_details(exc)
         shown = "; ".join(f"{'.'.join(d['loc']) or 'request'}: {d['msg']}" for d in details[:5])
         more = f" (and {len(details) - 5} more)" if len(details) > 5 else ""

@@ -287,3 +287,14 @@ def test_queued_episodes_are_capped_in_the_store(capped_api):
     api.submit(policy["id"], episodes_per_task=1, seed=2)  # +10 = 50: at the cap, accepted
     play(api, first["id"], lambda episode: {"success": True, "steps": 5})
     api.submit(policy["id"], episodes_per_task=2, seed=3)  # 10 + 20 after the workers ran 40
+
+
+@pytest.mark.parametrize("body", ["{", '{"policy_id": "x"}', '{"suite": 5}', "[]"])
+@pytest.mark.parametrize("path", ["/evaluations", "/policies"])
+def test_a_malformed_body_without_a_key_is_401_not_422(api, path, body):
+    """Authentication first: a request without a key is told it needs one, whatever its body."""
+    response = api.client.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert response.status_code == 401, response.text
+    assert response.json()["error"]["code"] == "unauthorized" and response.headers["WWW-Authenticate"] == "Bearer"
+    with_key = api.client.post(path, content=body, headers={**api.auth, "Content-Type": "application/json"})
+    assert with_key.status_code == 422, with_key.text
