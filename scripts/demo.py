@@ -128,7 +128,7 @@ class StackProcess:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.root = args.root.resolve()
-    console = Console()
+    console = Console(soft_wrap=True)  # long paths and commands stay on one line in a log, not cut at 80 columns
     console.rule("EvalForge demo: train a reach policy, serve it, evaluate it through the API")
     started = time.monotonic()
     demos = args.root / "demos" / f"reach-{args.demos}"
