@@ -401,3 +401,14 @@ def test_histogram_bins_cover_every_value_with_round_edges():
     (low, high), counts = plots.histogram_bins([3.0, 3.0])
     assert low <= 3.0 < high and counts == [2]
     assert plots.histogram_bins([]) == ([], [])
+
+
+def test_long_names_are_cut_with_an_ellipsis_and_kept_whole_in_the_title(api):
+    name, version = "n" * 200, "v" * 100
+    policy = api.register_policy(name=name)
+    api.client.post("/policies", json={"name": name, "version": version, "endpoint": "ws://other.test:1/ws"},
+                    headers=api.auth)
+    page = api.client.get(f"/ui/policies/{policy['id']}").text
+    assert f'<span class="clip" title="{name}">{name}</span>' in page
+    css = page.split("<style>", 1)[1].split("</style>", 1)[0]
+    assert ".clip {" in css and "text-overflow: ellipsis" in css and "max-width" in css
