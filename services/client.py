@@ -35,6 +35,7 @@ from services.eval_api.schemas import (
     EvaluationOut,
     LeaderboardOut,
     PolicyOut,
+    PolicySummary,
     SuiteOut,
 )
 
@@ -186,9 +187,9 @@ class EvalForgeClient:
     def get_policy(self, policy_id: int) -> PolicyOut:
         return PolicyOut.model_validate(self._get(f"/policies/{policy_id}"))
 
-    def list_policies(self) -> list[PolicyOut]:
-        """Every registered policy, newest first."""
-        return [PolicyOut.model_validate(item) for item in self._pages("/policies", {})]
+    def list_policies(self) -> list[PolicySummary]:
+        """Every registered policy, newest first (without task lists: ``get_policy`` has them)."""
+        return [PolicySummary.model_validate(item) for item in self._pages("/policies", {})]
 
     def resolve_policy(self, ref: str | int) -> PolicyOut:
         """The policy that ``ref`` names: an id, a ``name`` (with one version) or ``name:version``."""
@@ -201,7 +202,7 @@ class EvalForgeClient:
             name, _, version = text.rpartition(":")
             matches = [p for p in policies if p.name == name and p.version == version]
         if len(matches) == 1:
-            return matches[0]
+            return self.get_policy(matches[0].id)
         if matches:
             versions = ", ".join(f"{p.label} (id {p.id})" for p in matches)
             raise ApiRequestError(None, "ambiguous_policy", f"policy {text!r} has {len(matches)} versions: "

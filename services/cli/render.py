@@ -32,7 +32,7 @@ from services.eval_api.schemas import (
     EvaluationOut,
     Interval,
     LeaderboardOut,
-    PolicyOut,
+    PolicySummary,
     Results,
 )
 from services.store.statuses import EpisodeStatus
@@ -185,12 +185,12 @@ def print_leaderboard(board: LeaderboardOut, console: Console) -> None:
     print_table(console, table)
 
 
-def print_policies(policies: Iterable[PolicyOut], console: Console) -> None:
+def print_policies(policies: Iterable[PolicySummary], console: Console) -> None:
     table = Table()
     for column in ("id", "name", "version", "checkpoint", "tasks", "endpoint", "registered (UTC)"):
         table.add_column(column, justify="right" if column in ("id", "tasks") else "left")
     for p in policies:
-        table.add_row(str(p.id), p.name, p.version, p.checkpoint_sha256[:12], str(len(p.tasks)), p.endpoint,
+        table.add_row(str(p.id), p.name, p.version, p.checkpoint_sha256[:12], str(p.task_count), p.endpoint,
                       _when(p.created_at))
     print_table(console, table)
 

@@ -22,6 +22,7 @@ from pydantic import (
     Field,
     StringConstraints,
     field_validator,
+    model_validator,
 )
 
 from services.store.statuses import (
@@ -45,15 +46,38 @@ def _printable_text(value: str) -> str:
     return value
 
 
+# Bidirectional overrides and isolates (U+202A-U+202E, U+2066-U+2069) make a name render as
+# another on the pages and in terminals ("Trojan Source"); names, versions, tags and endpoints refuse them.
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _no_bidi_controls(value: str) -> str:
+    found = sorted({f"U+{ord(c):04X}" for c in value if c in _BIDI_CONTROLS})
+    if found:
+        raise ValueError(f"must not contain bidirectional control characters ({', '.join(found)}): they make "
+                         "text display as something else; remove them")
+    return value
+
+
+def _no_credentials(value: str) -> str:
+    netloc = value.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    if "@" in netloc:
+        raise ValueError("must not contain credentials (user:password@host): EvalForge neither sends nor stores "
+                         "them; give the URL without them")
+    return value
+
+
 _NO_CONTROL = r"^[^\x00-\x1f\x7f]+$"
 Text = Annotated[str, AfterValidator(_printable_text)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=_NO_CONTROL),
-                 AfterValidator(_printable_text)]
+                 AfterValidator(_printable_text), AfterValidator(_no_bidi_controls)]
 Version = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=_NO_CONTROL),
-                    AfterValidator(_printable_text)]
+                    AfterValidator(_printable_text), AfterValidator(_no_bidi_controls)]
+# ASCII only, so no bidirectional controls either.
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/=+-]*$")]
 Endpoint = Annotated[str, StringConstraints(min_length=6, max_length=2000, pattern=r"^wss?://[^\s/?#]+[^\s]*$"),
-                     AfterValidator(_printable_text)]
+                     AfterValidator(_printable_text), AfterValidator(_no_bidi_controls),
+                     AfterValidator(_no_credentials)]
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
 
 
@@ -105,7 +129,10 @@ class PolicyCreate(_Request):
     endpoint: Endpoint = Field(description="The policy server's WebSocket URL, e.g. `ws://gpu-3:8000/ws`.")
 
 
-class PolicyOut(_PolicyLabel, _Response):
+class PolicySummary(_PolicyLabel, _Response):
+    """A policy as ``GET /policies`` lists it: without its task list (``GET /policies/{id}`` has it), so a
+    page of policies stays small whatever their servers announced."""
+
     id: int
     name: str
     version: str
@@ -114,8 +141,29 @@ class PolicyOut(_PolicyLabel, _Response):
     state_dim: int
     action_dim: int
     chunk_size: int
-    tasks: list[str]
+    task_count: int = Field(description="How many tasks the policy server announced.")
     created_at: datetime
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_tasks(cls, data: Any) -> Any:
+        """``task_count`` from a row's (or a detail body's) ``tasks``."""
+        if isinstance(data, dict):
+            if "task_count" not in data and isinstance(data.get("tasks"), list):
+                return {**data, "task_count": len(data["tasks"])}
+            return data
+        tasks = getattr(data, "tasks", None)
+        if isinstance(tasks, list) and not hasattr(data, "task_count"):
+            fields = {name: getattr(data, name) for name in cls.model_fields
+                      if name != "task_count" and hasattr(data, name)}
+            return {**fields, "task_count": len(tasks)}
+        return data
+
+
+class PolicyOut(PolicySummary):
+    """One policy, with the tasks its server announced."""
+
+    tasks: list[str]
 
 
 class PolicyRef(_PolicyLabel, _Response):

@@ -1,11 +1,17 @@
 """Policy clients: synchronous (``PolicyClient``) and asyncio (``AsyncPolicyClient``).
 
-Both connect directly (never through an HTTP proxy) with exponential backoff and
-full jitter until an overall deadline, read and check the server's metadata
-frame, time out each call, reconnect once after a dropped connection and retry
-the call, and raise typed errors:
+Both connect directly (never through an HTTP proxy, never following an HTTP
+redirect) with exponential backoff and full jitter until an overall deadline, read
+and check the server's metadata frame (at most ``MAX_METADATA_BYTES``), time out each
+call, reconnect once after a dropped connection and retry the call, and raise typed
+errors:
 
-- ``PolicyUnavailable``: no server answered before the connect deadline;
+- ``PolicyUnavailable``: no server answered before the connect deadline. Only what
+  can succeed later is retried (a refused or dropped connection, a timeout, an HTTP
+  5xx); an unknown host, a TLS failure or another HTTP answer (a plain web service,
+  a redirect, a 4xx) fail at once. The message says which in a few words and never
+  quotes what the peer sent (its headers or body may hold secrets), so that a URL a
+  user typed cannot be used to read another service;
 - ``PolicyTimeout``: a call got no reply within its timeout;
 - ``PolicyError``: the server answered with an ``error`` reply (``.code`` says why);
 - ``ProtocolError``: a frame or message broke the protocol (including a protocol
@@ -25,6 +31,8 @@ import asyncio
 import itertools
 import logging
 import random
+import socket
+import ssl
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,13 +40,14 @@ from typing import Any
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection as AsyncConnection
-from websockets.asyncio.client import connect as async_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.asyncio.client import connect as _AsyncConnect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.sync.client import ClientConnection as SyncConnection
-from websockets.sync.client import connect as sync_connect
+from websockets.sync.client import reconnect as _SyncConnect
 
 from services.protocol.codec import DEFAULT_LIMITS, Limits, ProtocolError, packb, unpackb
 from services.protocol.messages import (
+    MAX_METADATA_BYTES,
     ActionsReply,
     ErrorReply,
     InferRequest,
@@ -54,6 +63,7 @@ __all__ = [
     "ActionChunkBroker",
     "AsyncActionChunkBroker",
     "AsyncPolicyClient",
+    "CheckpointMismatch",
     "ClientSettings",
     "PolicyClient",
     "PolicyError",
@@ -69,7 +79,97 @@ _TRANSIENT = (OSError, TimeoutError, InvalidHandshake, ConnectionClosed, EOFErro
 
 
 class PolicyUnavailable(ConnectionError):
-    """No policy server could be reached before the connect deadline."""
+    """No policy server could be reached before the connect deadline.
+
+    ``reason`` is one of the ``REFUSED`` … ``NOT_A_POLICY_SERVER`` phrases below.
+    """
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# What a connection failure is called, in the words a user needs and no more: an open
+# port that is no policy server, a filtered one and a silent one read the same.
+REFUSED = "the connection was refused"
+UNKNOWN_HOST = "the host name is unknown"
+TLS_FAILED = "the TLS handshake failed"
+NOT_A_POLICY_SERVER = "nothing answered as a policy server"
+
+
+class _NoRedirectSync(_SyncConnect):
+    """websockets' sync connector, minus following redirects (a redirect is a plain answer here)."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        return exc
+
+
+class _NoRedirectAsync(_AsyncConnect):
+    """websockets' asyncio connector, minus following redirects."""
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        return exc
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Whether a failed connection attempt may succeed if tried again before the deadline."""
+    if isinstance(exc, socket.gaierror | ssl.SSLError | ssl.CertificateError):
+        return False  # unknown host, TLS: the same next time
+    if isinstance(exc, InvalidStatus):
+        return exc.response.status_code >= 500  # a proxy or server still starting; 2xx-4xx are final
+    if isinstance(exc, InvalidHandshake):
+        return False  # it spoke something, but not WebSocket
+    return isinstance(exc, _TRANSIENT)
+
+
+def _reason(exc: BaseException | None) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return REFUSED
+    if isinstance(exc, socket.gaierror):
+        return UNKNOWN_HOST
+    if isinstance(exc, ssl.SSLError | ssl.CertificateError):
+        return TLS_FAILED
+    return NOT_A_POLICY_SERVER
+
+
+def _metadata_from(frame: Any, limits: Limits) -> Metadata:
+    """The handshake in the first frame; errors name the problem, never quote the frame."""
+    if isinstance(frame, str):
+        raise ProtocolError("the policy server's first frame is text; the handshake is a binary metadata frame")
+    if len(frame) > MAX_METADATA_BYTES:
+        raise ProtocolError(f"the policy server's handshake has {len(frame)} bytes; the cap is "
+                            f"{MAX_METADATA_BYTES}")
+    try:
+        message = unpackb(frame, limits)
+    except ProtocolError:
+        raise ProtocolError("the policy server's first frame is not a msgpack metadata frame") from None
+    return Metadata.from_wire(message)
+
+
+def _too_big(exc: BaseException) -> bool:
+    """A connection we closed because the server's first frame was over ``MAX_METADATA_BYTES``."""
+    return isinstance(exc, ConnectionClosed) and exc.sent is not None and exc.sent.code == 1009
+
+
+class CheckpointMismatch(ProtocolError):
+    """The server's handshake names another checkpoint than the client was told to expect.
+
+    Raised at every (re)connection of a client made with ``expected_checkpoint``: a server
+    swapped behind an endpoint is never taken for the one registered there. Not retried.
+    """
+
+    def __init__(self, url: str, expected: str, served: str) -> None:
+        super().__init__(f"the policy server at {url} serves checkpoint {served}, but the policy was registered "
+                         f"with checkpoint {expected}; restart the registered checkpoint there, or register "
+                         "this one as a new policy version (`evalforge policy register`)")
+        self.expected = expected
+        self.served = served
+
+
+def _check_checkpoint(url: str, expected: str | None, metadata: Metadata) -> Metadata:
+    if expected is not None and expected not in (metadata.checkpoint_sha256, metadata.revision):
+        raise CheckpointMismatch(url, expected, metadata.checkpoint_sha256)
+    return metadata
 
 
 class PolicyTimeout(TimeoutError):
@@ -114,10 +214,10 @@ def _as_observation(obs: Observation | dict[str, Any]) -> Observation:
 
 
 def _unavailable(url: str, deadline: float, exc: BaseException | None) -> PolicyUnavailable:
-    return PolicyUnavailable(
-        f"no policy server answered at {url} within {deadline:g}s (last error: {exc!r}); "
-        "check that `policy-server` is running there and reachable"
-    )
+    reason = _reason(exc)
+    when = f" within {deadline:g} s" if reason == NOT_A_POLICY_SERVER else ""
+    return PolicyUnavailable(f"no policy server answered at {url}: {reason}{when}; check that `policy-server` "
+                             "is running there and reachable", reason)
 
 
 def _check_reply(reply_msg: Any, request_id: int) -> Reply | None:
@@ -129,11 +229,17 @@ def _check_reply(reply_msg: Any, request_id: int) -> Reply | None:
 
 
 class PolicyClient:
-    """Blocking client; one call at a time. Use ``AsyncPolicyClient`` for concurrency."""
+    """Blocking client; one call at a time. Use ``AsyncPolicyClient`` for concurrency.
 
-    def __init__(self, url: str, settings: ClientSettings | None = None) -> None:
+    With ``expected_checkpoint`` (a sha256 or a revision), every connection checks that the
+    server's handshake names it, or raises ``CheckpointMismatch``.
+    """
+
+    def __init__(self, url: str, settings: ClientSettings | None = None, *,
+                 expected_checkpoint: str | None = None) -> None:
         self.url = url
         self.settings = settings or ClientSettings()
+        self.expected_checkpoint = expected_checkpoint
         self._ws: SyncConnection | None = None
         self._metadata: Metadata | None = None
         self._ids = itertools.count(1)
@@ -162,17 +268,26 @@ class PolicyClient:
             if remaining <= 0:
                 break
             try:
-                ws = sync_connect(self.url, open_timeout=remaining, max_size=s.limits.max_frame_bytes,
-                                  compression=None, close_timeout=1, proxy=None, legacy=True)
+                # The handshake frame is capped at MAX_METADATA_BYTES; replies may use the full limit.
+                ws = _NoRedirectSync(self.url, open_timeout=remaining, max_size=MAX_METADATA_BYTES,
+                                     compression=None, close_timeout=1, proxy=None).connect()
             except InvalidURI as exc:
                 raise ValueError(f"policy endpoint {self.url!r} is not a ws:// or wss:// URL") from exc
             except _TRANSIENT as exc:
                 last = exc
+                if not _retryable(exc):
+                    break
             else:
+                ws.pending_legacy_warning = False
                 try:
-                    self._metadata = Metadata.from_wire(unpackb(ws.recv(timeout=remaining), s.limits))
+                    self._metadata = _check_checkpoint(self.url, self.expected_checkpoint,
+                                                       _metadata_from(ws.recv(timeout=remaining), s.limits))
+                    ws.protocol.max_message_size = s.limits.max_frame_bytes
                 except _TRANSIENT as exc:
                     ws.close()
+                    if _too_big(exc):
+                        raise ProtocolError(f"the policy server's handshake is over the {MAX_METADATA_BYTES}-"
+                                            "byte cap") from None
                     last = exc
                 except BaseException:
                     ws.close()
@@ -239,11 +354,16 @@ class PolicyClient:
 
 
 class AsyncPolicyClient:
-    """asyncio client; any number of calls may be in flight on its one connection."""
+    """asyncio client; any number of calls may be in flight on its one connection.
 
-    def __init__(self, url: str, settings: ClientSettings | None = None) -> None:
+    ``expected_checkpoint``: as for ``PolicyClient``.
+    """
+
+    def __init__(self, url: str, settings: ClientSettings | None = None, *,
+                 expected_checkpoint: str | None = None) -> None:
         self.url = url
         self.settings = settings or ClientSettings()
+        self.expected_checkpoint = expected_checkpoint
         self._ws: AsyncConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
@@ -284,19 +404,26 @@ class AsyncPolicyClient:
                 break
             try:
                 async with asyncio.timeout(remaining):
-                    ws = await async_connect(self.url, max_size=s.limits.max_frame_bytes, compression=None,
-                                             open_timeout=None, close_timeout=1, proxy=None)
+                    ws = await _NoRedirectAsync(self.url, max_size=MAX_METADATA_BYTES, compression=None,
+                                                open_timeout=None, close_timeout=1, proxy=None)
             except InvalidURI as exc:
                 raise ValueError(f"policy endpoint {self.url!r} is not a ws:// or wss:// URL") from exc
             except _TRANSIENT as exc:
                 last = exc
+                if not _retryable(exc):
+                    break
             else:
                 try:
                     async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
                         frame = await ws.recv()
-                    self._metadata = Metadata.from_wire(unpackb(frame, s.limits))
+                    self._metadata = _check_checkpoint(self.url, self.expected_checkpoint,
+                                                       _metadata_from(frame, s.limits))
+                    ws.protocol.max_message_size = s.limits.max_frame_bytes
                 except _TRANSIENT as exc:
                     await ws.close()
+                    if _too_big(exc):
+                        raise ProtocolError(f"the policy server's handshake is over the {MAX_METADATA_BYTES}-"
+                                            "byte cap") from None
                     last = exc
                 except BaseException:
                     await ws.close()

@@ -19,6 +19,7 @@ answers ``error`` with code ``protocol_version``. Errors never carry tracebacks.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -35,6 +36,10 @@ __all__ = [
     "ErrorReply",
     "InferRequest",
     "InvalidObservation",
+    "MAX_METADATA_BYTES",
+    "MAX_POLICY_NAME_CHARS",
+    "MAX_TASK_NAME_CHARS",
+    "MAX_TASKS",
     "Metadata",
     "Observation",
     "PingRequest",
@@ -49,6 +54,17 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+
+# Caps on the handshake a client accepts: what a server announces is stored per policy
+# and listed to anyone, so it must stay small (a real policy knows tens of tasks).
+MAX_METADATA_BYTES = 1024 * 1024  # the whole metadata frame
+MAX_TASKS = 4096
+MAX_TASK_NAME_CHARS = 200
+MAX_POLICY_NAME_CHARS = 200
+SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
+"""A checkpoint's identity: its sha256, 64 lower-case hex digits (what ``policy_format.checkpoint_digest`` makes)."""
+REVISION_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
+"""An optional ``revision`` (a git tag or commit, a hub revision) a server may name besides its sha256."""
 
 
 class ErrorCode(StrEnum):
@@ -147,6 +163,7 @@ class Metadata:
     tasks: tuple[str, ...]
     protocol_version: int = PROTOCOL_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    revision: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -159,6 +176,7 @@ class Metadata:
             "chunk_size": self.chunk_size,
             "tasks": list(self.tasks),
             **({"extra": self.extra} if self.extra else {}),
+            **({"revision": self.revision} if self.revision is not None else {}),
         }
 
     @classmethod
@@ -172,19 +190,37 @@ class Metadata:
                 f"policy server speaks protocol version {version}, this client speaks {PROTOCOL_VERSION}; "
                 "upgrade whichever side is older"
             )
+        # Errors name fields and sizes, never quote the peer's strings: they reach users.
         tasks = _require(msg, "tasks", list, what)
         if not all(isinstance(t, str) for t in tasks):
             raise ProtocolError("metadata field 'tasks' must be a list of strings")
+        if not 1 <= len(tasks) <= MAX_TASKS:
+            raise ProtocolError(f"metadata field 'tasks' has {len(tasks)} entries; a policy server announces "
+                                f"1 to {MAX_TASKS} tasks")
+        if not all(0 < len(t) <= MAX_TASK_NAME_CHARS and t.isprintable() for t in tasks):
+            raise ProtocolError(f"metadata field 'tasks' holds a name that is empty, over {MAX_TASK_NAME_CHARS} "
+                                "characters or not printable")
+        policy_name = _require(msg, "policy_name", str, what)
+        if not 0 < len(policy_name) <= MAX_POLICY_NAME_CHARS or not policy_name.isprintable():
+            raise ProtocolError(f"metadata field 'policy_name' is empty, over {MAX_POLICY_NAME_CHARS} characters "
+                                "or not printable")
+        sha256 = _require(msg, "checkpoint_sha256", str, what)
+        if not SHA256_PATTERN.fullmatch(sha256):
+            raise ProtocolError("metadata field 'checkpoint_sha256' is not a sha256 (64 lower-case hex digits)")
+        revision = msg.get("revision")
+        if revision is not None and not (isinstance(revision, str) and REVISION_PATTERN.fullmatch(revision)):
+            raise ProtocolError("metadata field 'revision' must match [A-Za-z0-9._-]{1,64}")
         extra = msg.get("extra", {})
         return cls(
-            policy_name=_require(msg, "policy_name", str, what),
-            checkpoint_sha256=_require(msg, "checkpoint_sha256", str, what),
+            policy_name=policy_name,
+            checkpoint_sha256=sha256,
             state_dim=_require(msg, "state_dim", int, what),
             action_dim=_require(msg, "action_dim", int, what),
             chunk_size=_require(msg, "chunk_size", int, what),
             tasks=tuple(tasks),
             protocol_version=version,
             extra=extra if isinstance(extra, dict) else {},
+            revision=revision,
         )
 
 

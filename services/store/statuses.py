@@ -44,7 +44,13 @@ class FailureReason(enum.StrEnum):
     ENV_ERROR = "env_error"  # the simulator raised
     WORKER_LOST = "worker_lost"  # the worker died and the episode ran out of attempts
     CANCELLED = "cancelled"  # the evaluation was cancelled before the episode ran
+    # The server at the endpoint serves another checkpoint than the one registered (swapped behind
+    # the endpoint): it is never scored as the registered policy.
+    CHECKPOINT_MISMATCH = "checkpoint_mismatch"
+    # The endpoint's host is outside EVALFORGE_POLICY_HOSTS (or the URL has credentials): not connected to.
+    ENDPOINT_REFUSED = "endpoint_refused"
 
 
 # Failures the policy is not answerable for: left out of success rates (but reported).
-HARNESS_FAILURES = (FailureReason.ENV_ERROR, FailureReason.WORKER_LOST)
+HARNESS_FAILURES = (FailureReason.ENV_ERROR, FailureReason.WORKER_LOST, FailureReason.CHECKPOINT_MISMATCH,
+                    FailureReason.ENDPOINT_REFUSED)

@@ -12,6 +12,13 @@
    process), extending the lease every ``heartbeat_s`` seconds, and recording replay
    frames when the episode is one of its evaluation's first ``replay_episodes``
    (``services/workers/replays.py``);
+   Before it connects, the endpoint is checked against ``EVALFORGE_POLICY_HOSTS``
+   (``services.policy_hosts``; outside it the episode fails ``endpoint_refused``), and
+   at every connection the server's handshake must name the checkpoint the policy was
+   registered with (``expected_checkpoint``); another one fails the episode with
+   ``checkpoint_mismatch`` and a message naming both, so a server swapped behind an
+   endpoint is never scored as the registered policy. Both are harness failures, left
+   out of success rates, and neither is retried;
 4. when the policy server is unreachable or times out, restarts the episode from its
    seed after an exponential, fully jittered backoff, up to ``policy_retries`` times;
    then the episode fails with ``policy_timeout`` (or ``policy_error`` when the
@@ -52,8 +59,10 @@ from websockets.exceptions import WebSocketException
 from benchmarks.registry import get_suite
 from benchmarks.runner import EnvFailure, run_policy_episode
 from benchmarks.suite import EpisodeEnv
+from services.policy_hosts import EndpointRefused, check_endpoint
 from services.protocol.client import (
     ActionChunkBroker,
+    CheckpointMismatch,
     ClientSettings,
     PolicyClient,
     PolicyError,
@@ -160,7 +169,7 @@ def episode_time_limit(max_steps: int, settings: WorkerSettings) -> float:
 
 # ---------------------------------------------------------------------------- per-process caches
 
-_clients: dict[str, PolicyClient] = {}
+_clients: dict[tuple[str, str], PolicyClient] = {}
 _envs: dict[tuple[str, str], EpisodeEnv] = {}
 _cache_pid = os.getpid()
 
@@ -174,14 +183,17 @@ def _check_fork() -> None:
         _cache_pid = os.getpid()
 
 
-def policy_client(endpoint: str, settings: WorkerSettings) -> PolicyClient:
-    """This process's client for ``endpoint`` (connected lazily, on the first call)."""
+def policy_client(endpoint: str, checkpoint_sha256: str, settings: WorkerSettings) -> PolicyClient:
+    """This process's client for ``endpoint`` expecting ``checkpoint_sha256`` (connected lazily, on the
+    first call; every connection checks the server's checkpoint)."""
     _check_fork()
-    client = _clients.get(endpoint)
+    key = (endpoint, checkpoint_sha256)
+    client = _clients.get(key)
     if client is None:
         client = PolicyClient(endpoint, ClientSettings(connect_deadline_s=settings.policy_connect_deadline_s,
-                                                       call_timeout_s=settings.policy_call_timeout_s))
-        _clients[endpoint] = client
+                                                       call_timeout_s=settings.policy_call_timeout_s),
+                              expected_checkpoint=checkpoint_sha256)
+        _clients[key] = client
     return client
 
 
@@ -227,12 +239,13 @@ class _Job:
     max_steps: int
     endpoint: str
     attempts: int
+    checkpoint_sha256: str
 
 
 def _load_job(session: Session, episode_id: int) -> _Job:
     row = session.execute(
         select(Episode.evaluation_id, Episode.episode_index, Evaluation.suite, Episode.task, Episode.seed,
-               Episode.max_steps, Policy.endpoint, Episode.attempts)
+               Episode.max_steps, Policy.endpoint, Episode.attempts, Policy.checkpoint_sha256)
         .join(Evaluation, Evaluation.id == Episode.evaluation_id)
         .join(Policy, Policy.id == Evaluation.policy_id)
         .where(Episode.id == episode_id)).one()
@@ -292,6 +305,7 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
     delays = backoff_delays(settings.policy_backoff_s, settings.policy_backoff_max_s)
     recorders: list[ReplayRecorder] | None = [] if job.episode_index < settings.replay_episodes else None
     try:
+        check_endpoint(job.endpoint)  # EVALFORGE_POLICY_HOSTS as it is now, not when the policy was registered
         for retry in range(settings.policy_retries + 1):
             try:
                 result = _play(job, settings, clock, on_step, recorders)
@@ -326,6 +340,13 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
             raise exc.__cause__ from None  # the task's time limit, not the simulator
         reason, message = FailureReason.ENV_ERROR, str(exc)
         _drop_environment(job.suite, job.task)
+    except EndpointRefused as exc:
+        reason, message = FailureReason.ENDPOINT_REFUSED, f"not connecting to {job.endpoint}: {exc}"
+    except CheckpointMismatch as exc:
+        client = _clients.pop((job.endpoint, job.checkpoint_sha256), None)
+        if client is not None:
+            client.close()
+        reason, message = FailureReason.CHECKPOINT_MISMATCH, str(exc)
     except (PolicyError, ProtocolError, ValueError) as exc:
         # Deterministic refusals (unknown task, malformed actions): retrying would fail the same way.
         reason, message = FailureReason.POLICY_ERROR, f"{type(exc).__name__}: {exc}"
@@ -391,7 +412,7 @@ def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Ca
     env.max_steps = job.max_steps
     clock.start()
     started = time.monotonic()
-    client = policy_client(job.endpoint, settings)
+    client = policy_client(job.endpoint, job.checkpoint_sha256, settings)
     broker = ActionChunkBroker(client, episode_id=f"episode-{job.episode_id}-{job.attempts}")
     act = broker.act
     recorder = None

@@ -323,7 +323,7 @@ def test_the_client_returns_the_apis_response_bodies(served):
         policy = client.register_policy("bc", POLICY_ENDPOINT, version="v1")
         assert type(policy) is schemas.PolicyOut and policy.label == "bc:v1"
         assert type(client.get_policy(policy.id)) is schemas.PolicyOut
-        assert [type(p) for p in client.list_policies()] == [schemas.PolicyOut]
+        assert [type(p) for p in client.list_policies()] == [schemas.PolicySummary]
         assert type(client.resolve_policy("bc:v1")) is schemas.PolicyOut
 
         submitted = client.submit_evaluation(policy.id, SUITE, 1, tasks=["reach-v3", "push-v3"])

@@ -2,7 +2,8 @@
 
 It answers ``infer`` with a deterministic function of the observation (so every
 caller can check it got *its own* answer) and can be told to stall, drop the
-connection, send a text frame, or announce another protocol version.
+connection, send a text frame, announce another protocol version or checkpoint, or
+send any handshake it is given.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Faults:
     drop_next: int = 0  # close the connection instead of answering the next N requests
     text_frame_next: bool = False
     protocol_version: int = 1
+    checkpoint_sha256: str = "0" * 64  # what the handshake names (swap it to play a swapped server)
+    metadata_wire: dict | None = None  # send this as the handshake instead (oversized, malformed…)
 
 
 @dataclass
@@ -76,10 +79,11 @@ class LoopbackPolicyServer:
 
     async def _handle(self, ws: ServerConnection) -> None:
         self.connections += 1
-        meta = Metadata(policy_name="loopback", checkpoint_sha256="0" * 64, state_dim=STATE_DIM,
-                        action_dim=ACTION_DIM, chunk_size=CHUNK, tasks=TASKS,
+        meta = Metadata(policy_name="loopback", checkpoint_sha256=self.faults.checkpoint_sha256,
+                        state_dim=STATE_DIM, action_dim=ACTION_DIM, chunk_size=CHUNK, tasks=TASKS,
                         protocol_version=self.faults.protocol_version)
-        await ws.send(packb(meta.to_wire()))
+        await ws.send(packb(self.faults.metadata_wire if self.faults.metadata_wire is not None
+                            else meta.to_wire()))
         async for frame in ws:
             asyncio.create_task(self._answer(ws, frame))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -213,3 +214,149 @@ def test_backoff_is_exponential_with_full_jitter_and_capped():
     for n, delay in enumerate(samples):
         assert 0 <= delay <= min(1.0, 0.1 * 2**n)
     assert len(set(samples)) == len(samples)
+
+
+# ---------------------------------------------------------------------------- endpoints that are not policy servers
+
+
+SECRET = "s3cr3t-token-6f1d"
+
+
+class _WebService:
+    """A plain HTTP service on 127.0.0.1 that answers every request with ``status`` (and ``headers``), a
+    body holding a secret, and counts the requests it got."""
+
+    def __init__(self, status: int = 200, headers: dict[str, str] | None = None) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        service = self
+        self.requests = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                service.requests += 1
+                body = json.dumps({"internal_secret": SECRET}).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("X-Internal-Token", SECRET)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        self.url = f"ws://127.0.0.1:{self.http.server_address[1]}/ws"
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.mark.parametrize("status", [200, 401, 404])
+def test_a_web_service_is_not_retried_and_its_reply_is_never_quoted(status):
+    service = _WebService(status)
+    try:
+        with pytest.raises(PolicyUnavailable) as caught:
+            PolicyClient(service.url, ClientSettings(connect_deadline_s=30, initial_backoff_s=0.01)).connect()
+    finally:
+        service.close()
+    assert service.requests == 1  # an HTTP answer other than 5xx is final
+    assert caught.value.reason == "nothing answered as a policy server"
+    assert SECRET not in str(caught.value) and "internal_secret" not in str(caught.value)
+    assert str(status) not in str(caught.value).replace(service.url, "")
+
+
+def test_redirects_are_not_followed(server):
+    service = _WebService(302, {"Location": server.url})
+    try:
+        with pytest.raises(PolicyUnavailable):
+            PolicyClient(service.url, FAST).connect()
+
+        async def main():
+            await AsyncPolicyClient(service.url, FAST).connect()
+
+        with pytest.raises(PolicyUnavailable):
+            asyncio.run(main())
+    finally:
+        service.close()
+    assert server.connections == 0 and service.requests == 2
+
+
+def test_a_refused_connection_says_so_and_an_unknown_host_is_not_retried():
+    url = f"ws://127.0.0.1:{_free_port()}/ws"
+    with pytest.raises(PolicyUnavailable, match="the connection was refused") as caught:
+        PolicyClient(url, ClientSettings(connect_deadline_s=0.3, initial_backoff_s=0.01)).connect()
+    assert caught.value.reason == "the connection was refused"
+    with pytest.raises(PolicyUnavailable, match="the host name is unknown") as caught:
+        PolicyClient("ws://no-such-host.invalid/ws", ClientSettings(connect_deadline_s=30)).connect()
+    assert caught.value.reason == "the host name is unknown"
+
+
+def test_a_silent_listener_reads_like_a_web_service():
+    service = _WebService(200)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent_url = f"ws://127.0.0.1:{silent.getsockname()[1]}/ws"
+        quick = ClientSettings(connect_deadline_s=0.5, initial_backoff_s=0.01, max_backoff_s=0.05)
+        with pytest.raises(PolicyUnavailable) as from_silent:
+            PolicyClient(silent_url, quick).connect()
+    try:
+        with pytest.raises(PolicyUnavailable) as from_service:
+            PolicyClient(service.url, quick).connect()
+    finally:
+        service.close()
+    assert str(from_silent.value).replace(silent_url, "URL") == str(from_service.value).replace(service.url, "URL")
+
+
+# ---------------------------------------------------------------------------- bounded handshakes, checkpoints
+
+
+def _wire(**changes):
+    wire = {"type": "metadata", "protocol_version": 1, "policy_name": "p", "checkpoint_sha256": "0" * 64,
+            "state_dim": STATE_DIM, "action_dim": 3, "chunk_size": CHUNK, "tasks": ["reach-v3"]}
+    return {**wire, **changes}
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"tasks": [f"task-{i}" for i in range(5000)]}, "5000 entries"),
+    ({"tasks": ["x" * 201]}, "over 200 characters"),
+    ({"policy_name": "p" * 201}, "'policy_name'"),
+    ({"checkpoint_sha256": "ABC"}, "not a sha256"),
+    ({"checkpoint_sha256": "g" * 64}, "not a sha256"),
+    ({"revision": "v1; rm -rf"}, "'revision'"),
+    ({"extra": {"pad": "x" * (1024 * 1024)}}, "cap"),
+])
+def test_oversized_or_malformed_handshakes_are_refused(server, changes, message):
+    server.faults.metadata_wire = _wire(**changes)
+    with pytest.raises(ProtocolError, match=message):
+        PolicyClient(server.url, FAST).connect()
+    assert server.connections == 1  # not retried
+
+
+def test_the_expected_checkpoint_is_checked_at_every_connection(server):
+    from services.protocol.client import CheckpointMismatch
+
+    with pytest.raises(CheckpointMismatch) as caught:
+        PolicyClient(server.url, FAST, expected_checkpoint="1" * 64).connect()
+    assert "1" * 64 in str(caught.value) and "0" * 64 in str(caught.value)
+
+    client = PolicyClient(server.url, FAST, expected_checkpoint="0" * 64)
+    client.infer(_obs(1))
+    server.faults.checkpoint_sha256 = "2" * 64  # another server behind the same endpoint
+    server.faults.drop_next = 1  # … which the client meets when it reconnects
+    with pytest.raises(CheckpointMismatch, match="2" * 64):
+        client.infer(_obs(2))
+    client.close()
+
+    async def main():
+        async with AsyncPolicyClient(server.url, FAST, expected_checkpoint="0" * 64) as client:
+            await client.infer(_obs(3))
+
+    with pytest.raises(CheckpointMismatch):
+        asyncio.run(main())

@@ -35,12 +35,19 @@ FAST = {"lease_s": 3.0, "heartbeat_s": 0.5, "max_attempts": 3, "policy_retries":
         "pending_after_s": 3.0, "sweep_every_s": 0.5, "replay_episodes": 0}
 
 
+# The checkpoint sha256 make_evaluation registers policies with: the reach checkpoint's once it
+# is made (workers check it against the server's handshake), a placeholder before.
+REGISTERED_SHA = {"sha256": "ab" * 32}
+
+
 @pytest.fixture(scope="session")
 def reach_checkpoint(tmp_path_factory) -> Path:
+    from policy_format import checkpoint_digest
     from trainer.cli import main as trainer_main
 
     out = tmp_path_factory.mktemp("reach") / "policy"
     trainer_main(["init-policy", "--suite", SUITE, "--out", str(out), "--force"])
+    REGISTERED_SHA["sha256"] = checkpoint_digest(out)
     return out
 
 
@@ -108,11 +115,14 @@ def fast_settings(**overrides: object) -> WorkerSettings:
 
 
 def make_evaluation(sessions: sessionmaker[Session], endpoint: str, episodes: int, *,
-                    max_steps: int = MAX_STEPS, name: str = "reach") -> tuple[int, list[int]]:
-    """A policy at ``endpoint`` and an evaluation of ``episodes`` reach episodes; (evaluation id, episode ids)."""
+                    max_steps: int = MAX_STEPS, name: str = "reach",
+                    checkpoint_sha256: str | None = None) -> tuple[int, list[int]]:
+    """A policy at ``endpoint`` (registered with ``checkpoint_sha256``, by default the reach
+    checkpoint's) and an evaluation of ``episodes`` reach episodes; (evaluation id, episode ids)."""
     with sessions() as session:
         policy = queries.find_policy(session, name, "v1") or queries.create_policy(
-            session, name=name, version="v1", endpoint=endpoint, checkpoint_sha256="ab" * 32, state_dim=39,
+            session, name=name, version="v1", endpoint=endpoint,
+            checkpoint_sha256=checkpoint_sha256 or REGISTERED_SHA["sha256"], state_dim=39,
             action_dim=4, chunk_size=4, tasks=[TASK])
         specs = [queries.EpisodeSpec(task=TASK, seed=1_000_000 + i, max_steps=max_steps) for i in range(episodes)]
         created = queries.create_evaluation(

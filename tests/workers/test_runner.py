@@ -108,3 +108,66 @@ def test_two_workers_finishing_the_last_two_episodes_finalise_once(sessions):
             thread.join()
         assert sorted(outcomes) == [False, True]
         assert evaluation(sessions, evaluation_id).status == EvaluationStatus.FINISHED
+
+
+def test_a_server_serving_another_checkpoint_fails_the_episode_and_is_never_scored(sessions, policy_server):
+    from policy_format import checkpoint_digest
+
+    served = checkpoint_digest(policy_server.checkpoint)
+    registered = "cd" * 32  # what the policy was registered with; the server at its endpoint serves another
+    evaluation_id, ids = make_evaluation(sessions, policy_server.ws_url, 2, name="swapped",
+                                         checkpoint_sha256=registered)
+    results = [runner.run_episode_by_id(sessions, i, "w", fast_settings()) for i in ids]
+    assert [(r.status, r.failure_reason) for r in results] == [("failed", "checkpoint_mismatch")] * 2
+    for row in episodes_of(sessions, evaluation_id):
+        assert row.attempts == 1 and row.steps is None and row.success is False  # not retried, never played
+        assert registered in row.error_message and served in row.error_message
+    # Harness failures only: nothing scored, so the evaluation fails instead of reading 0 %.
+    assert evaluation(sessions, evaluation_id).status == EvaluationStatus.FAILED
+
+
+def test_a_checkpoint_swapped_behind_the_endpoint_is_caught_at_the_next_connection(
+        sessions, reach_checkpoint, tmp_path):
+    import shutil
+
+    from policy_format import checkpoint_digest
+    from tests.workers.conftest import start_policy_server
+
+    original = start_policy_server(reach_checkpoint, tmp_path)
+    endpoint, port = original.ws_url, original.port
+    try:
+        evaluation_id, ids = make_evaluation(sessions, endpoint, 2, name="swap-later")
+        first = runner.run_episode_by_id(sessions, ids[0], "w", fast_settings())
+        assert first.failure_reason is None  # the registered checkpoint: played
+    finally:
+        original.stop()
+    other = tmp_path / "other"
+    shutil.copytree(reach_checkpoint, other)
+    (other / "config.json").write_text((other / "config.json").read_text() + "\n")  # another checkpoint sha256
+    swapped = start_policy_server(other, tmp_path, port=port)
+    try:
+        second = runner.run_episode_by_id(sessions, ids[1], "w", fast_settings())  # the cached client reconnects
+    finally:
+        swapped.stop()
+    assert (second.status, second.failure_reason) == ("failed", "checkpoint_mismatch")
+    message = episodes_of(sessions, evaluation_id)[1].error_message
+    assert checkpoint_digest(other) in message and checkpoint_digest(reach_checkpoint) in message
+
+
+def test_a_worker_does_not_connect_outside_policy_hosts(sessions, monkeypatch):
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        evaluation_id, ids = make_evaluation(sessions, f"ws://127.0.0.1:{listener.getsockname()[1]}/ws", 1,
+                                             name="outside")
+        monkeypatch.setenv("EVALFORGE_POLICY_HOSTS", "10.0.0.0/8")
+        result = runner.run_episode_by_id(sessions, ids[0], "w", fast_settings())
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody connected
+    assert (result.status, result.failure_reason) == ("failed", "endpoint_refused")
+    row = episodes_of(sessions, evaluation_id)[0]
+    assert "EVALFORGE_POLICY_HOSTS" in row.error_message and row.attempts == 1
+    assert evaluation(sessions, evaluation_id).status == EvaluationStatus.FAILED
