@@ -251,6 +251,9 @@ class EvaluationDetail(EvaluationOut):
     counts: dict[str, int] = Field(description="Episodes per status.")
     overall: Results
     per_task: list[TaskResults]
+    unranked_reason: str | None = Field(None, description=(
+        "Set once finished when most of its episodes were harness failures: why the leaderboard leaves "
+        "it out."))
 
     @property
     def episodes_done(self) -> int:

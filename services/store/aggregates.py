@@ -9,6 +9,13 @@ or its server, failed to act). Left out: cancelled episodes and harness failures
 (``env_error``, ``worker_lost``), which say nothing about the policy; they are
 reported under ``failure_reasons`` so they are never hidden.
 
+Ranking: an evaluation most of whose episodes are harness failures says little about
+the policy (a simulator that kept crashing, a server swapped behind its endpoint) and
+is not ranked however its few scored episodes went: ``unranked_reason`` says so in its
+detail, and the store's leaderboard rule (``queries.leaderboard_eligibility``) is the
+same test on the stored counts — ranked only while harness failures are at most half
+of the episodes that ran (``episodes_scored * 2 >= episodes_total``).
+
 Latency: each episode records its policy-call mean and p95. An evaluation reports
 the median of the episode means (``p50``, the typical call) and the 95th
 percentile of the episode p95s (``p95``, an upper estimate of the per-call p95).
@@ -100,6 +107,20 @@ def summarize_group(episodes: Sequence[EpisodeResult]) -> dict[str, Any]:
         "latency_ms": {"p50": percentile(means, 50), "p95": percentile(p95s, 95)} if means or p95s else None,
         "failure_reasons": dict(sorted(reasons.items())),
     }
+
+
+def unranked_reason(overall: dict[str, Any]) -> str | None:
+    """Why an evaluation with these overall results is not ranked for harness failures (None: it may be).
+
+    Not ranked when most of its episodes that ran are harness failures (see the module docstring)."""
+    harness = {reason: n for reason, n in overall["failure_reasons"].items() if reason in _HARNESS}
+    failures = sum(harness.values())
+    ran = overall["scored"] + failures
+    if not ran or failures <= overall["scored"]:
+        return None
+    shown = ", ".join(f"{reason}: {n}" for reason, n in sorted(harness.items()))
+    return (f"not ranked: {failures} of {ran} episodes are harness failures ({shown}), which say nothing about "
+            "the policy; fix what failed (the episodes' error messages say what) and evaluate again")
 
 
 def summarize(episodes: Sequence[EpisodeResult], task_order: Sequence[str] = ()) -> dict[str, Any]:

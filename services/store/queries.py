@@ -514,8 +514,10 @@ def unfinalised_evaluation_ids(session: Session, *, limit: int = 1000) -> list[i
 def leaderboard_eligibility(*, include_nonstandard: bool = False) -> list[ColumnElement[bool]]:
     """The conditions an evaluation meets to be ranked on its suite's leaderboard, the one rule every
     ranking reads (``leaderboard``, ``ranked_policy_counts``): finished with a success rate, and
-    ``standard`` (every task, standard step limits) unless ``include_nonstandard``."""
-    conditions = [Evaluation.status == EvaluationStatus.FINISHED, Evaluation.success_rate.is_not(None)]
+    ``standard`` (every task, standard step limits) unless ``include_nonstandard``; and not mostly
+    harness failures (``aggregates.unranked_reason``: scored episodes at least half of them all)."""
+    conditions = [Evaluation.status == EvaluationStatus.FINISHED, Evaluation.success_rate.is_not(None),
+                  Evaluation.episodes_scored * 2 >= Evaluation.episodes_total]
     if not include_nonstandard:
         conditions.append(Evaluation.standard.is_(True))
     return conditions

@@ -298,3 +298,31 @@ def test_a_malformed_body_without_a_key_is_401_not_422(api, path, body):
     assert response.json()["error"]["code"] == "unauthorized" and response.headers["WWW-Authenticate"] == "Bearer"
     with_key = api.client.post(path, content=body, headers={**api.auth, "Content-Type": "application/json"})
     assert with_key.status_code == 422, with_key.text
+
+
+def test_an_evaluation_that_is_mostly_harness_failures_is_not_ranked_and_says_why(api):
+    """Most episodes never said anything about the policy (harness failures): finished, but left off
+    the leaderboard, and its detail says why. A few harness failures do not unrank an evaluation."""
+    broken_policy = api.register_policy("broken", "ws://broken.test/ws")
+    fine_policy = api.register_policy("fine", "ws://fine.test/ws")
+    broken = api.submit(broken_policy["id"], episodes_per_task=2)  # 20 episodes: 11 env_error, 9 scored
+    fine = api.submit(fine_policy["id"], episodes_per_task=2)  # 20 episodes: 2 env_error, 18 scored (0%)
+
+    def outcome(harness_failures: int):
+        def finish(episode):
+            index = episode.episode_index
+            if index < harness_failures:
+                return {"success": False, "failure_reason": "env_error", "error_message": "simulator crashed"}
+            return {"success": True, "steps": 5} if harness_failures > 5 else {"success": False, "steps": 500}
+        return finish
+
+    play(api, broken["id"], outcome(11))
+    play(api, fine["id"], outcome(2))
+    broken_detail = api.client.get(f"/evaluations/{broken['id']}").json()
+    assert broken_detail["status"] == "finished" and broken_detail["overall"]["success_rate"] == 1.0
+    reason = broken_detail["unranked_reason"]
+    assert reason and "11 of 20" in reason and "env_error: 11" in reason and "not ranked" in reason
+    fine_detail = api.client.get(f"/evaluations/{fine['id']}").json()
+    assert fine_detail["unranked_reason"] is None
+    board = api.client.get("/leaderboard", params={"suite": "metaworld-mt10"}).json()["entries"]
+    assert [entry["evaluation_id"] for entry in board] == [fine["id"]]  # 100% on 9 episodes is not ranked

@@ -412,3 +412,4 @@ def test_long_names_are_cut_with_an_ellipsis_and_kept_whole_in_the_title(api):
     assert f'<span class="clip" title="{name}">{name}</span>' in page
     css = page.split("<style>", 1)[1].split("</style>", 1)[0]
     assert ".clip {" in css and "text-overflow: ellipsis" in css and "max-width" in css
+    assert "td.policy > a" in css  # the leaderboard's policy cells

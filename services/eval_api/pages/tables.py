@@ -49,9 +49,8 @@ def leaderboard_rows(entries: Sequence[LeaderboardEntry], ui_root: str) -> Marku
         policy = e.policy
         rows.append(
             f'<tr><td class="num">{e.rank}</td>'
-            f'<td class="policy"><a class="clip" title="{escape(policy.name)}" href="{ui_root}policies/{policy.id}">'
-            f'{escape(policy.name)}</a> '
-            f'<span class="ci clip" title="{escape(policy.version)}">{escape(policy.version)}</span></td>'
+            f'<td class="policy"><a href="{ui_root}policies/{policy.id}">{escape(policy.name)}</a> '
+            f'<span class="ci">{escape(policy.version)}</span></td>'
             f'<td class="num rate" data-value="{e.success_rate}">{pct(e.success_rate)}</td>'
             f'<td class="interval" data-value="{e.ci_low}">{interval_bar(e.success_rate, e.ci_low, e.ci_high)}'
             f'<span class="ci">{pct(e.ci_low)}–{pct(e.ci_high)}</span></td>'

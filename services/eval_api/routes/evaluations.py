@@ -35,7 +35,7 @@ from services.eval_api.schemas import (
 )
 from services.queue import EpisodeQueue
 from services.store import queries
-from services.store.aggregates import EpisodeResult, summarize
+from services.store.aggregates import EpisodeResult, summarize, unranked_reason
 from services.store.models import EpisodeStatus, Evaluation, EvaluationStatus
 
 router = APIRouter(prefix="/evaluations", tags=["evaluations"])
@@ -48,8 +48,10 @@ IdempotencyKey = Annotated[str | None, Header(
 
 def evaluation_detail(evaluation: Evaluation, results: dict[str, Any]) -> EvaluationDetail:
     summary = EvaluationOut.model_validate(evaluation).model_dump()
+    final = evaluation.status in (EvaluationStatus.FINISHED, EvaluationStatus.FAILED)
     return EvaluationDetail(**summary, counts=results["counts"], overall=results["overall"],
-                            per_task=results["per_task"])
+                            per_task=results["per_task"],
+                            unranked_reason=unranked_reason(results["overall"]) if final else None)
 
 
 def _get_or_404(session: Session, evaluation_id: int) -> Evaluation:
