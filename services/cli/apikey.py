@@ -1,6 +1,11 @@
 """Create, list and revoke API keys in the store at DATABASE_URL.
 
 A key is stored hashed: `create` prints it once, and it cannot be shown again.
+
+Each key has a scope: `submit` (the default: register policies, submit evaluations,
+change and cancel its own), `read` (reads only, for when the API sets
+EVALFORGE_READS_NEED_KEY) or `admin` (everything, other keys' policies and
+evaluations included).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="apikey_command", required=True, metavar="ACTION")
     create_parser = actions.add_parser("create", help="create a key and print it (only this once)")
     create_parser.add_argument("--name", required=True, help="who or what uses the key")
+    create_parser.add_argument("--scope", choices=("read", "submit", "admin"), default="submit",
+                               help="what the key may do: read; submit (default: register policies, submit and "
+                               "cancel its own evaluations); admin (everything)")
     actions.add_parser("list", help="list keys")
     revoke_parser = actions.add_parser("revoke", help="revoke a key")
     revoke_parser.add_argument("id", type=int, help="the key's id (`evalforge apikey list`)")
@@ -40,8 +48,9 @@ def create(args: argparse.Namespace) -> int:
     from services.store.api_keys import create_api_key
 
     with _store_session() as session:
-        row, plaintext = create_api_key(session, args.name)
-        print(f"created API key {row.id} named {row.name!r}; it is shown only this once, store it now:")
+        row, plaintext = create_api_key(session, args.name, args.scope)
+        print(f"created API key {row.id} named {row.name!r} with scope {args.scope}; it is shown only this once, "
+              "store it now:")
         print(plaintext)
     return 0
 
@@ -54,10 +63,11 @@ def list_keys(args: argparse.Namespace) -> int:
         if not rows:
             print("no API keys; create one with `evalforge apikey create --name NAME`")
             return 0
-        print(f"{'id':>5}  {'prefix':<14} {'state':<8} {'created (UTC)':<20} name")
+        print(f"{'id':>5}  {'prefix':<14} {'state':<8} {'scopes':<13} {'created (UTC)':<20} name")
         for row in rows:
             state = "revoked" if row.revoked_at else "active"
-            print(f"{row.id:>5}  {row.prefix + '…':<14} {state:<8} {row.created_at:%Y-%m-%d %H:%M:%S}  {row.name}")
+            print(f"{row.id:>5}  {row.prefix + '…':<14} {state:<8} {row.scopes:<13} "
+                  f"{row.created_at:%Y-%m-%d %H:%M:%S}  {row.name}")
     return 0
 
 

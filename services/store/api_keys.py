@@ -3,6 +3,10 @@
 A key is ``efk_`` followed by 43 URL-safe characters (256 random bits). The store
 keeps its SHA-256 and its first 12 characters (to recognise it in listings), never
 the key itself. Authentication is one indexed lookup by hash.
+
+Every key has one scope (``ApiKeyScope``): ``read``, ``submit`` (the default:
+register policies, submit evaluations, change and cancel its own) or ``admin``
+(everything), stored as ``read``, ``submit`` or ``submit,admin``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import secrets
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from services.store.models import ApiKey, utcnow
+from services.store.models import ApiKey, ApiKeyScope, utcnow
 from services.store.queries import NotFound
 
 KEY_PREFIX = "efk_"
@@ -24,12 +28,23 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def create_api_key(session: Session, name: str) -> tuple[ApiKey, str]:
-    """A new key named ``name``: the stored row and the plaintext (which is not kept anywhere)."""
+# What each scope is stored as: an admin key can also submit (and read).
+STORED_SCOPES = {ApiKeyScope.READ: "read", ApiKeyScope.SUBMIT: "submit", ApiKeyScope.ADMIN: "submit,admin"}
+
+
+def create_api_key(session: Session, name: str,
+                   scope: ApiKeyScope | str = ApiKeyScope.SUBMIT) -> tuple[ApiKey, str]:
+    """A new key named ``name`` with ``scope``: the stored row and the plaintext (which is not kept anywhere)."""
     if not name.strip():
         raise ValueError("an API key needs a non-empty name (who or what uses it)")
+    try:
+        scope = ApiKeyScope(scope)
+    except ValueError:
+        raise ValueError(f"API key scope {scope!r} is not one of "
+                         f"{', '.join(s.value for s in ApiKeyScope)}") from None
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
-    row = ApiKey(name=name, key_sha256=hash_key(plaintext), prefix=plaintext[:DISPLAY_CHARS])
+    row = ApiKey(name=name, key_sha256=hash_key(plaintext), prefix=plaintext[:DISPLAY_CHARS],
+                 scopes=STORED_SCOPES[scope])
     session.add(row)
     session.commit()
     return row, plaintext

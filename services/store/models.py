@@ -19,6 +19,12 @@ Indexes and who needs them:
 - ``evaluations (policy_id, id)``, ``(status, id)``, ``(suite, id)``: filtered
   listings, newest first, keyset-paginated on ``id``.
 - ``evaluation_tags (tag, evaluation_id)``: the listing's tag filter.
+- ``evaluations (created_by_key_id, idempotency_key)`` unique: an ``Idempotency-Key``
+  replays only the evaluation the same API key made with it.
+
+Ownership: policies and evaluations record the API key that created them
+(``created_by_key_id``; NULL for rows made before migration 0003, which only an
+admin key can change). API keys carry scopes (``ApiKeyScope``).
 """
 
 from __future__ import annotations
@@ -107,6 +113,14 @@ NAMING_CONVENTION = {
 }
 
 
+class ApiKeyScope(enum.StrEnum):
+    """What an API key may do; each scope includes the ones before it."""
+
+    READ = "read"  # read (where reads need a key) and nothing else
+    SUBMIT = "submit"  # register policies, submit evaluations, change and cancel its own
+    ADMIN = "admin"  # everything, including other keys' policies and evaluations
+
+
 class Base(DeclarativeBase):
     """Every table of the store; ``Base.metadata`` is what Alembic compares migrations against."""
 
@@ -129,6 +143,9 @@ class Policy(Base):
     chunk_size: Mapped[int] = mapped_column(Integer)
     tasks: Mapped[list[str]] = mapped_column(JsonDoc)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    # The key that registered it: only that key (or an admin) may point it at another endpoint.
+    created_by_key_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("api_keys.id", ondelete="SET NULL"))
 
 
 class Evaluation(Base):
@@ -145,6 +162,7 @@ class Evaluation(Base):
         Index("ix_evaluations_policy_id_id", "policy_id", "id"),
         Index("ix_evaluations_status_id", "status", "id"),
         Index("ix_evaluations_suite_id", "suite", "id"),
+        UniqueConstraint("created_by_key_id", "idempotency_key"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
@@ -157,7 +175,10 @@ class Evaluation(Base):
     # Every task of the suite at its standard step limits: comparable on the leaderboard.
     standard: Mapped[bool] = mapped_column(Boolean)
     status: Mapped[str] = mapped_column(String(16), default=EvaluationStatus.PENDING.value)
-    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    # The key that submitted it: only that key (or an admin) may cancel it; idempotency keys are per API key.
+    created_by_key_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("api_keys.id", ondelete="SET NULL"))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_sha256: Mapped[str | None] = mapped_column(String(64))
     episodes_total: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
@@ -236,7 +257,11 @@ class Episode(Base):
 
 class ApiKey(Base):
     """An API key. Only its SHA-256 is stored: keys are 256-bit random, so a fast hash is
-    enough (no password-style stretching needed) and a leaked table reveals no key."""
+    enough (no password-style stretching needed) and a leaked table reveals no key.
+
+    ``scopes`` is a comma-separated list of ``ApiKeyScope`` values: ``read``, ``submit``
+    or ``submit,admin`` (what ``services.store.api_keys`` writes).
+    """
 
     __tablename__ = "api_keys"
 
@@ -246,3 +271,18 @@ class ApiKey(Base):
     prefix: Mapped[str] = mapped_column(String(16))  # the first characters, to recognise a key in listings
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    scopes: Mapped[str] = mapped_column(String(64), default=ApiKeyScope.SUBMIT.value)
+
+    @property
+    def scope_set(self) -> frozenset[ApiKeyScope]:
+        return frozenset(ApiKeyScope(s) for s in self.scopes.split(",") if s)
+
+    def allows(self, scope: ApiKeyScope) -> bool:
+        """Whether this key may do what ``scope`` names (admin ⊃ submit ⊃ read)."""
+        return grants(self.scope_set, scope)
+
+
+def grants(scopes: frozenset[ApiKeyScope], wanted: ApiKeyScope) -> bool:
+    """Whether a key holding ``scopes`` may do what ``wanted`` names: admin ⊃ submit ⊃ read."""
+    order = list(ApiKeyScope)
+    return any(order.index(held) >= order.index(wanted) for held in scopes)

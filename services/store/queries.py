@@ -96,14 +96,20 @@ class EvaluationAlreadyDone(Conflict):
     """Cancelling an evaluation that has already finished."""
 
 
+class NotOwner(StoreError):
+    """The row belongs to another API key (or to none, if made before keys were recorded)."""
+
+
 # ---------------------------------------------------------------------------- policies
 
 
 def create_policy(session: Session, *, name: str, version: str, endpoint: str, checkpoint_sha256: str,
-                  state_dim: int, action_dim: int, chunk_size: int, tasks: Sequence[str]) -> Policy:
-    """Insert a policy; ``Conflict`` if ``(name, version)`` is taken."""
+                  state_dim: int, action_dim: int, chunk_size: int, tasks: Sequence[str],
+                  created_by_key_id: int | None = None) -> Policy:
+    """Insert a policy, owned by API key ``created_by_key_id``; ``Conflict`` if ``(name, version)`` is taken."""
     policy = Policy(name=name, version=version, endpoint=endpoint, checkpoint_sha256=checkpoint_sha256,
-                    state_dim=state_dim, action_dim=action_dim, chunk_size=chunk_size, tasks=list(tasks))
+                    state_dim=state_dim, action_dim=action_dim, chunk_size=chunk_size, tasks=list(tasks),
+                    created_by_key_id=created_by_key_id)
     session.add(policy)
     try:
         session.commit()
@@ -158,18 +164,21 @@ class CreatedEvaluation:
 def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Sequence[str],
                       episodes_per_task: int, seed: int, max_steps: int | None, standard: bool,
                       tags: Sequence[str], episodes: Sequence[EpisodeSpec],
-                      idempotency_key: str | None = None, request_sha256: str | None = None) -> CreatedEvaluation:
-    """Insert an evaluation and all its ``pending`` episode rows in one transaction.
+                      idempotency_key: str | None = None, request_sha256: str | None = None,
+                      created_by_key_id: int | None = None) -> CreatedEvaluation:
+    """Insert an evaluation, owned by API key ``created_by_key_id``, and all its ``pending``
+    episode rows in one transaction.
 
-    With an ``idempotency_key`` already used for the same ``request_sha256``, returns
-    that evaluation (``created=False``, no new rows); for another request, raises
-    ``IdempotencyConflict``. Two concurrent requests with one key resolve the same
-    way, through the key's unique index.
+    With an ``idempotency_key`` the same API key already used for the same
+    ``request_sha256``, returns that evaluation (``created=False``, no new rows); for
+    another request, raises ``IdempotencyConflict``. Idempotency keys are per API key:
+    another key's use of the same string is never seen. Two concurrent requests with
+    one key resolve the same way, through the unique index on (API key, idempotency key).
     """
     if not episodes:
         raise ValueError("an evaluation needs at least one episode")
     if idempotency_key is not None:
-        existing = _replay(session, idempotency_key, request_sha256)
+        existing = _replay(session, created_by_key_id, idempotency_key, request_sha256)
         if existing is not None:
             return existing
     now = utcnow()
@@ -177,6 +186,7 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
         policy_id=policy_id, suite=suite, tasks=list(tasks), episodes_per_task=episodes_per_task, seed=seed,
         max_steps=max_steps, standard=standard, status=EvaluationStatus.PENDING.value,
         idempotency_key=idempotency_key, request_sha256=request_sha256, episodes_total=len(episodes),
+        created_by_key_id=created_by_key_id,
         created_at=now, tag_rows=[EvaluationTag(tag=tag) for tag in sorted(set(tags))])
     session.add(evaluation)
     try:
@@ -186,7 +196,7 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
     except IntegrityError:
         session.rollback()
         if idempotency_key is not None:
-            existing = _replay(session, idempotency_key, request_sha256)
+            existing = _replay(session, created_by_key_id, idempotency_key, request_sha256)
             if existing is not None:
                 return existing
         raise
@@ -226,8 +236,9 @@ def _insert_episodes(session: Session, evaluation_id: int, episodes: Sequence[Ep
     return list(session.scalars(insert(table).returning(table.c.id, sort_by_parameter_order=True), values))
 
 
-def _replay(session: Session, key: str, request_sha256: str | None) -> CreatedEvaluation | None:
-    existing = session.scalar(select(Evaluation).where(Evaluation.idempotency_key == key))
+def _replay(session: Session, key_id: int | None, key: str, request_sha256: str | None) -> CreatedEvaluation | None:
+    owner = Evaluation.created_by_key_id.is_(None) if key_id is None else Evaluation.created_by_key_id == key_id
+    existing = session.scalar(select(Evaluation).where(owner, Evaluation.idempotency_key == key))
     if existing is None:
         return None
     if existing.request_sha256 != request_sha256:
@@ -284,18 +295,24 @@ def list_episodes(session: Session, evaluation_id: int, *, after_index: int | No
     return list(session.scalars(query))
 
 
-def cancel_evaluation(session: Session, evaluation_id: int) -> Evaluation:
+def cancel_evaluation(session: Session, evaluation_id: int, *, by_key_id: int | None = None) -> Evaluation:
     """Cancel: pending episodes → ``cancelled``; running ones finish and are kept.
 
     Cancelling a cancelled evaluation returns it unchanged; a finished or failed one
     raises ``EvaluationAlreadyDone``. The evaluation is finalised (status stays
     ``cancelled``) once its last running episode ends — at once if none is running.
+    With ``by_key_id``, only the API key that submitted the evaluation may cancel it
+    (``NotOwner`` otherwise); without, anyone (admins, the operator's tools).
     """
-    row = session.execute(select(Evaluation.status).where(Evaluation.id == evaluation_id)
-                          .with_for_update()).first()
+    row = session.execute(select(Evaluation.status, Evaluation.created_by_key_id)
+                          .where(Evaluation.id == evaluation_id).with_for_update()).first()
     if row is None:
         session.rollback()
         raise NotFound(f"no evaluation with id {evaluation_id}")
+    if by_key_id is not None and row.created_by_key_id != by_key_id:
+        session.rollback()
+        raise NotOwner(f"evaluation {evaluation_id} was submitted by another API key; only that key or an "
+                       "admin key can cancel it")
     if row.status in _DONE_EVALUATION:
         session.rollback()
         raise EvaluationAlreadyDone(f"evaluation {evaluation_id} is already {row.status}; only pending or "

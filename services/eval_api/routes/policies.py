@@ -1,12 +1,22 @@
-"""``/policies``: register a policy server by reading its handshake; list and read policies."""
+"""``/policies``: register a policy server by reading its handshake; list and read policies.
+
+A policy belongs to the API key that registered it: only that key, or an admin key,
+may point it at another endpoint. Registration never holds the database across the
+network (see ``register_policy``).
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, Response
+import anyio
+import anyio.to_thread
+from fastapi import APIRouter, FastAPI, Path, Query, Request, Response
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
-from services.eval_api.deps import ReadAccessDep, SessionDep, SettingsDep, WriteKeyDep
+from services.eval_api.deps import ApiCaller, ReadAccessDep, SessionDep, SettingsDep, WriteKeyDep
 from services.eval_api.errors import ApiError
 from services.eval_api.handshake import HandshakeFailed
 from services.eval_api.pagination import decode_page_cursor, encode_cursor, page_limit
@@ -34,43 +44,108 @@ def _check_metadata(endpoint: str, meta: Metadata) -> None:
                        f"use: {'; '.join(problems)}; fix the checkpoint's policy.json or the server")
 
 
+def _not_owner(policy: Policy, endpoint: str) -> ApiError:
+    return ApiError(403, "not_owner",
+                    f"policy {policy.name!r} version {policy.version!r} (id {policy.id}) was registered by another "
+                    f"API key, so this key cannot point it at {endpoint}; register your server under another "
+                    "name or version, or ask an operator with an admin key "
+                    "(`evalforge apikey create --scope admin`) to move it", {"policy_id": policy.id})
+
+
+def _registration_slots(app: FastAPI, size: int) -> anyio.Semaphore:
+    """The app's bound on handshakes in flight (made on first use, inside the event loop)."""
+    slots = getattr(app.state, "registration_slots", None)
+    if slots is None:
+        slots = app.state.registration_slots = anyio.Semaphore(size)
+        app.state.handshake_threads = anyio.CapacityLimiter(size)
+    return slots
+
+
+def _preflight(sessions: sessionmaker[Session], body: PolicyCreate, caller: ApiCaller) -> None:
+    """Refuse, before connecting anywhere, to move a policy (explicit name and version) this key does not own."""
+    if body.version is None:
+        return
+    with sessions() as session:
+        existing = queries.find_policy(session, body.name, body.version)
+    if existing is not None and existing.endpoint != body.endpoint and not caller.owns(existing.created_by_key_id):
+        raise _not_owner(existing, body.endpoint)
+
+
+def _store_registration(sessions: sessionmaker[Session], body: PolicyCreate, meta: Metadata,
+                        caller: ApiCaller) -> tuple[Policy, bool]:
+    """The short write transaction after the handshake: (the policy, whether it is new)."""
+    version = body.version or meta.checkpoint_sha256[:12]
+    with sessions() as session:
+        for _ in range(2):  # a second pass only when a concurrent registration inserted it first
+            existing = queries.find_policy(session, body.name, version)
+            if existing is not None:
+                if existing.checkpoint_sha256 != meta.checkpoint_sha256:
+                    raise ApiError(409, "policy_version_exists",
+                                   f"policy {body.name!r} version {version!r} is already registered (id "
+                                   f"{existing.id}) with checkpoint {existing.checkpoint_sha256[:12]}…, but "
+                                   f"{body.endpoint} serves {meta.checkpoint_sha256[:12]}…; register it under "
+                                   "another version", {"policy_id": existing.id})
+                if existing.endpoint == body.endpoint:
+                    return existing, False  # nothing to change (closing the session ends the read)
+                if not caller.owns(existing.created_by_key_id):
+                    raise _not_owner(existing, body.endpoint)
+                return queries.update_policy_endpoint(session, existing, body.endpoint), False
+            try:
+                return queries.create_policy(
+                    session, name=body.name, version=version, endpoint=body.endpoint,
+                    checkpoint_sha256=meta.checkpoint_sha256, state_dim=meta.state_dim,
+                    action_dim=meta.action_dim, chunk_size=meta.chunk_size, tasks=meta.tasks,
+                    created_by_key_id=caller.key_id), True
+            except queries.Conflict as exc:
+                conflict = exc
+        raise ApiError(409, "policy_version_exists", f"{conflict}; register it under another version")
+
+
 @router.post("", status_code=201, response_model=PolicyOut,
              responses={200: {"model": PolicyOut, "description": "Already registered (same checkpoint)"},
-                        **error_responses(401, 403, 409, 413, 422)})
-def register_policy(body: PolicyCreate, request: Request, response: Response, session: SessionDep,
-                    settings: SettingsDep, _key: WriteKeyDep) -> Policy:
+                        **error_responses(401, 403, 409, 413, 422, 503)})
+async def register_policy(body: PolicyCreate, request: Request, response: Response, settings: SettingsDep,
+                          caller: WriteKeyDep) -> Policy:
     """Connect to the policy server at `endpoint`, read its handshake and register what it serves.
 
     The checkpoint sha256, dimensions, chunk size and tasks come from the server, not
     the request. Registering the same name and version again with the same checkpoint
-    returns the existing policy (200), updating its endpoint; with another checkpoint
-    it is a 409. A server that does not answer the handshake is a 422 with the reason.
+    returns the existing policy (200); with another endpoint, that moves it — only the
+    API key that registered it, or an admin key, may (403 otherwise). Another checkpoint
+    under a taken version is a 409. A server that does not answer the handshake is a 422
+    with the reason.
+
+    No database session is open during the handshake: a short read first (may this key
+    move the policy it names?), then the handshake, then a short write transaction.
+    At most `EVALFORGE_MAX_CONCURRENT_REGISTRATIONS` handshakes run at once; a request
+    waits up to `EVALFORGE_REGISTRATION_WAIT_S` for a slot, then gets a 503 with
+    `Retry-After`.
     """
+    sessions: sessionmaker[Session] = request.app.state.session_factory
+    await run_in_threadpool(_preflight, sessions, body, caller)
+    slots = _registration_slots(request.app, settings.max_concurrent_registrations)
     try:
-        meta: Metadata = request.app.state.read_handshake(body.endpoint, settings.policy_handshake_timeout_s)
+        with anyio.fail_after(settings.registration_wait_s):
+            await slots.acquire()
+    except TimeoutError:
+        retry_after = max(1, math.ceil(settings.policy_handshake_timeout_s))
+        raise ApiError(503, "registrations_busy",
+                       f"{settings.max_concurrent_registrations} policy registrations are already reading "
+                       f"handshakes and none finished within {settings.registration_wait_s:g} s; retry after "
+                       f"{retry_after} s (nothing was stored)", headers={"Retry-After": str(retry_after)}) from None
+    try:
+        # In a thread of its own limiter, so waiting handshakes never take the threads reads run on.
+        meta: Metadata = await anyio.to_thread.run_sync(
+            request.app.state.read_handshake, body.endpoint, settings.policy_handshake_timeout_s,
+            limiter=request.app.state.handshake_threads)
     except HandshakeFailed as exc:
         raise ApiError(422, "policy_unreachable", f"{exc}; start the policy server (`policy-server "
                        "--checkpoint DIR`) or correct `endpoint`") from exc
+    finally:
+        slots.release()
     _check_metadata(body.endpoint, meta)
-    version = body.version or meta.checkpoint_sha256[:12]
-    existing = queries.find_policy(session, body.name, version)
-    if existing is not None:
-        if existing.checkpoint_sha256 != meta.checkpoint_sha256:
-            raise ApiError(409, "policy_version_exists",
-                           f"policy {body.name!r} version {version!r} is already registered (id {existing.id}) "
-                           f"with checkpoint {existing.checkpoint_sha256[:12]}…, but {body.endpoint} serves "
-                           f"{meta.checkpoint_sha256[:12]}…; register it under another version",
-                           {"policy_id": existing.id})
-        response.status_code = 200
-        policy = queries.update_policy_endpoint(session, existing, body.endpoint)
-    else:
-        try:
-            policy = queries.create_policy(
-                session, name=body.name, version=version, endpoint=body.endpoint,
-                checkpoint_sha256=meta.checkpoint_sha256, state_dim=meta.state_dim, action_dim=meta.action_dim,
-                chunk_size=meta.chunk_size, tasks=meta.tasks)
-        except queries.Conflict as exc:  # registered concurrently
-            raise ApiError(409, "policy_version_exists", f"{exc}; register it under another version") from exc
+    policy, created = await run_in_threadpool(_store_registration, sessions, body, meta, caller)
+    response.status_code = 201 if created else 200
     response.headers["Location"] = f"/policies/{policy.id}"
     return policy
 
