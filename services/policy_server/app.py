@@ -294,15 +294,16 @@ def create_app(service: PolicyService, *, on_fatal: Callable[[BaseException], No
     max_body = max_http_body or service.limits.max_frame_bytes
 
     # Set by a supervisor (services/supervisor.py): echoed so its health check knows it reached its own child.
-    instance = os.environ.get("EVALFORGE_INSTANCE_TOKEN")
+    token = os.environ.get("EVALFORGE_INSTANCE_TOKEN")
+    instance = {"instance": token} if token else {}
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"status": "ok", "instance": instance})
+        return JSONResponse({"status": "ok", **instance})
 
     async def readyz(request: Request) -> Response:
         if service.ready and not service.draining:
-            return JSONResponse({"ready": True, "policy": service.metadata.policy_name, "instance": instance})
-        return JSONResponse({"ready": False, "draining": service.draining, "instance": instance}, status_code=503)
+            return JSONResponse({"ready": True, "policy": service.metadata.policy_name, **instance})
+        return JSONResponse({"ready": False, "draining": service.draining, **instance}, status_code=503)
 
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -16,7 +16,7 @@ from services.store.models import Evaluation
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=HealthOut)
+@router.get("/healthz", response_model=HealthOut, response_model_exclude_none=True)
 def healthz() -> HealthOut:
     """The process is up; `instance` echoes its EVALFORGE_INSTANCE_TOKEN (when it has one)."""
     return HealthOut(status="ok", instance=os.environ.get("EVALFORGE_INSTANCE_TOKEN"))
