@@ -11,19 +11,19 @@ and no connection sits idle in a transaction. The reads' p95 is printed (run wit
 ``-s`` to see it), never asserted. A second test parks handshakes (a scripted reader
 that waits for the test) and checks, with nothing else running, that the database is
 entirely free meanwhile: SQLite's write lock can be taken at once, PostgreSQL shows no
-connection idle in a transaction.
+connection idle in a transaction. A third checks the same pattern elsewhere: a client
+reading a response slowly (a replay GIF) holds no transaction either.
 """
 
 from __future__ import annotations
 
 import socket
+import sqlite3
 import statistics
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-
-import sqlite3
 
 import httpx
 import pytest
@@ -55,7 +55,6 @@ class SilentServer:
         self.socket.bind(("127.0.0.1", 0))
         self.socket.listen(512)
         self.accepted: list[socket.socket] = []
-        self.connected = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -69,7 +68,6 @@ class SilentServer:
             except OSError:
                 return
             self.accepted.append(connection)
-            self.connected.set()
 
     def close(self) -> None:
         self.socket.close()
@@ -174,13 +172,18 @@ def test_registrations_against_a_silent_server_hold_no_database(store_engine, si
           f"max {max(read_latencies_ms):.1f} ms")
 
 
-def test_registrations_past_the_cap_get_503_with_retry_after(store_engine, silent_server):
-    with ServedApi(store_engine, max_concurrent_registrations=1, registration_wait_s=0.2) as api:
+def test_registrations_past_the_cap_get_503_with_retry_after(store_engine):
+    parked = ParkedHandshake()
+    with ServedApi(store_engine, handshake=parked, max_concurrent_registrations=1, registration_wait_s=0.2) as api:
         with ThreadPoolExecutor(1) as pool:
-            first = pool.submit(api.register, "first", silent_server.endpoint)
-            assert silent_server.connected.wait(30)  # the first holds the only handshake slot now
-            second = api.register("second", silent_server.endpoint)
+            first = pool.submit(api.register, "first", "ws://first.test/ws")
+            try:
+                assert parked.wait_for(1)  # the first holds the only handshake slot now
+                second = api.register("second", "ws://second.test/ws")
+            finally:
+                parked.release.set()
             assert first.result().status_code == 422
+    assert parked.entered == 1  # the second never reached the network
     assert second.status_code == 503, second.text
     assert second.headers["Retry-After"] == str(int(HANDSHAKE_TIMEOUT_S))
     error = second.json()["error"]
@@ -238,3 +241,26 @@ def test_the_database_and_the_api_are_free_while_handshakes_are_pending(store_en
             finally:
                 parked.release.set()
             assert [f.result().status_code for f in futures] == [422] * REGISTRATIONS
+
+
+def test_a_slow_reader_of_a_replay_holds_no_transaction(store_engine, tmp_path):
+    """The same pattern elsewhere: a route's session used to stay open until the response was sent,
+    so a client reading a replay GIF slowly kept a transaction open (PostgreSQL: idle in transaction)
+    for as long as it liked. Sessions now close when the route function returns."""
+    if store_engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's read transactions take no lock another connection can see")
+    (tmp_path / "replay.gif").write_bytes(b"GIF89a" + bytes(64 * 1024 * 1024))  # larger than socket buffers
+    with ServedApi(store_engine, artifact_root=tmp_path) as api:
+        with store_engine.begin() as connection:
+            episode_id = connection.execute(text("UPDATE episodes SET artifact_path = 'replay.gif' WHERE id = "
+                                                 "(SELECT min(id) FROM episodes) RETURNING id")).scalar_one()
+        host, port = api.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as slow:
+            slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            slow.sendall(f"GET /ui/episodes/{episode_id}/replay.gif HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            assert slow.recv(4096).startswith(b"HTTP/1.1 200")  # streaming has begun; now stop reading
+            with store_engine.connect() as connection:
+                idle = connection.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND state LIKE 'idle in transaction%'")).scalar_one()
+    assert idle == 0, f"{idle} connection(s) idle in a transaction while a client reads a response"
