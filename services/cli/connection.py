@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -39,8 +40,7 @@ def client_verb(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
         verb = f"evalforge {args.command}" + (f" {args.action}" if getattr(args, "action", None) else "")
         try:
-            if args.api_url is not None:
-                check_api_url(args.api_url)
+            check_api_url(args.api_url or os.environ.get("EVALFORGE_API_URL", ""))
             client = EvalForgeClient(args.api_url, args.api_key, timeout_s=args.timeout_s)
         except ValueError as exc:
             print(f"{verb}: {exc}", file=sys.stderr)
@@ -59,19 +59,22 @@ def client_verb(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
 
 def check_api_url(url: str) -> None:
-    """``ValueError`` naming ``--api-url`` and the fix unless ``url`` is an http(s) URL with a host
-    (``http://[::1`` used to end in httpx's traceback)."""
+    """``ValueError`` naming the URL and the fix when an http(s) ``url`` has a malformed host or port
+    (``http://[::1`` used to end in httpx's traceback; the client itself refuses other schemes)."""
     from urllib.parse import urlsplit
 
+    url = url.strip()
+    if not url.startswith(("http://", "https://")):
+        return
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a bad port
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        ok = bool(parts.hostname)
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"--api-url {url!r} is not a valid http(s) URL; give one like http://127.0.0.1:8080 "
-                         "(IPv6: http://[::1]:8080)")
+        raise ValueError(f"API URL {url!r} is not an http(s) URL with a valid host and port; pass one like "
+                         "http://127.0.0.1:8080 or http://[::1]:8080 (--api-url or EVALFORGE_API_URL)")
 
 
 def _positive(text: str, number: type[int] | type[float], noun: str, least: str) -> int | float:

@@ -13,4 +13,5 @@ def test_a_malformed_api_url_is_one_line_and_exit_2(url, capsys):
                  "--episodes-per-task", "1"])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert len(err.strip().splitlines()) == 1 and "--api-url" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and repr(url) in err and "--api-url" in err
+    assert "Traceback" not in err
