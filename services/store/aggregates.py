@@ -120,7 +120,7 @@ def unranked_reason(overall: dict[str, Any]) -> str | None:
         return None
     shown = ", ".join(f"{reason}: {n}" for reason, n in sorted(harness.items()))
     return (f"not ranked: {failures} of {ran} episodes are harness failures ({shown}), which say nothing about "
-            "the policy; fix what failed (the episodes' error messages say what) and evaluate again")
+            "the policy; fix what failed (the error messages of those episodes say what) and evaluate again")
 
 
 def summarize(episodes: Sequence[EpisodeResult], task_order: Sequence[str] = ()) -> dict[str, Any]:

@@ -326,3 +326,6 @@ def test_an_evaluation_that_is_mostly_harness_failures_is_not_ranked_and_says_wh
     assert fine_detail["unranked_reason"] is None
     board = api.client.get("/leaderboard", params={"suite": "metaworld-mt10"}).json()["entries"]
     assert [entry["evaluation_id"] for entry in board] == [fine["id"]]  # 100% on 9 episodes is not ranked
+    page = api.client.get(f"/ui/evaluations/{broken['id']}").text
+    assert reason in page  # the page says it too
+    assert 'id="unranked"' not in api.client.get(f"/ui/evaluations/{fine['id']}").text

@@ -18,6 +18,7 @@ from services.eval_api.planning import suites_by_name
 from services.eval_api.schemas import MAX_ID
 from services.eval_api.settings import ApiSettings
 from services.store import queries
+from services.store.aggregates import unranked_reason
 from services.store.models import Episode, Evaluation
 from services.store.statuses import TERMINAL_EPISODE_STATUSES
 
@@ -140,6 +141,7 @@ def evaluation_page(evaluation_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], s
                                     title="histogram of per-episode mean policy latency")
     return render(
         "evaluation.html", evaluation=evaluation, results=results,
+        unranked_reason=unranked_reason(results["overall"]) if evaluation.finished_at is not None else None,
         done=sum(counts[status.value] for status in TERMINAL_EPISODE_STATUSES), live=evaluation.finished_at is None,
         poll_ms=POLL_MS, refresh_ms=REFRESH_MS, task_chart=task_chart, latency_chart=latency_chart,
         latency_count=len(latencies), episodes=episodes, after=after, page_size=EPISODES_PER_PAGE,
