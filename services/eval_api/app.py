@@ -41,7 +41,7 @@ reads need one when the server sets `EVALFORGE_READS_NEED_KEY`. Errors are
 
 Success rates count succeeded and failed episodes — including policy timeouts and
 policy errors — and leave out cancelled episodes and harness failures (`env_error`,
-`worker_lost`, `checkpoint_mismatch`, `endpoint_refused`), which are reported under
+`worker_lost`, `checkpoint_mismatch`, `endpoint_refused`, `policy_unreachable`), which are reported under
 `failure_reasons`; an evaluation most of whose episodes are harness failures is not
 ranked (`unranked_reason` says so). Intervals are Wilson 95%.
 

@@ -6,7 +6,8 @@ finalisation, to store the final figures.
 What counts toward a success rate ("scored" episodes): every succeeded episode and
 every failed one — out of steps, or the policy timing out / erroring (the policy,
 or its server, failed to act). Left out: cancelled episodes and harness failures
-(``env_error``, ``worker_lost``), which say nothing about the policy; they are
+(``HARNESS_FAILURES`` in ``statuses``: the simulator failed, the worker was lost, the
+endpoint serves another checkpoint, is not allowed, or was never reached), which say nothing about the policy; they are
 reported under ``failure_reasons`` so they are never hidden.
 
 Ranking: an evaluation most of whose episodes are harness failures says little about

@@ -177,6 +177,10 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
     """
     if not episodes:
         raise ValueError("an evaluation needs at least one episode")
+    if idempotency_key is not None and created_by_key_id is None:
+        # The unique index holds per API key, and NULL keys never collide in it: without a key
+        # two racing submissions could both be created.
+        raise ValueError("an idempotency key belongs to an API key: pass created_by_key_id with it")
     if idempotency_key is not None:
         existing = _replay(session, created_by_key_id, idempotency_key, request_sha256)
         if existing is not None:

@@ -49,8 +49,12 @@ class FailureReason(enum.StrEnum):
     CHECKPOINT_MISMATCH = "checkpoint_mismatch"
     # The endpoint's host is outside EVALFORGE_POLICY_HOSTS (or the URL has credentials): not connected to.
     ENDPOINT_REFUSED = "endpoint_refused"
+    # No try of the episode reached a policy server (refused, unknown host, nothing answering as a
+    # policy server): it says nothing about the policy. A server that connects and then hangs is
+    # policy_timeout, the policy's own fault.
+    POLICY_UNREACHABLE = "policy_unreachable"
 
 
 # Failures the policy is not answerable for: left out of success rates (but reported).
 HARNESS_FAILURES = (FailureReason.ENV_ERROR, FailureReason.WORKER_LOST, FailureReason.CHECKPOINT_MISMATCH,
-                    FailureReason.ENDPOINT_REFUSED)
+                    FailureReason.ENDPOINT_REFUSED, FailureReason.POLICY_UNREACHABLE)

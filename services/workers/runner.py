@@ -433,7 +433,11 @@ def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Ca
         raise
     except (PolicyUnavailable, PolicyTimeout, OSError, EOFError, WebSocketException) as exc:
         client.close()
-        raise _PolicyRetryable(FailureReason.POLICY_TIMEOUT, f"policy server {job.endpoint}: {exc}") from exc
+        # The last try's reason is the episode's: only an episode none of whose tries got an answer
+        # ends policy_unreachable (a harness failure, out of success rates).
+        unreached = isinstance(exc, PolicyUnavailable) and not broker.latencies_s
+        reason = FailureReason.POLICY_UNREACHABLE if unreached else FailureReason.POLICY_TIMEOUT
+        raise _PolicyRetryable(reason, f"policy server {job.endpoint}: {exc}") from exc
     except PolicyError as exc:
         if exc.code not in _TRANSIENT_CODES:
             raise

@@ -8,7 +8,10 @@ stepwise chunk cache, /metrics and draining on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
+import subprocess
+import sys
 
 import httpx
 import msgpack
@@ -234,15 +237,12 @@ def test_sigterm_drains_in_flight_requests_then_exits(checkpoint, tmp_path, refe
     assert "draining" in server.log()
 
 
-def _policy_server(*args: str) -> "subprocess.CompletedProcess[str]":
-    import subprocess
-    import sys
+def _policy_server(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "services.policy_server", *args], capture_output=True, text=True,
                           timeout=120)
 
 
 def _copy(checkpoint, tmp_path):
-    import shutil
     return shutil.copytree(checkpoint, tmp_path / "copy")
 
 

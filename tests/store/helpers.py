@@ -19,13 +19,13 @@ def add_policy(session: Session, name: str = "bc", version: str = "v1", tasks: t
 def add_evaluation(session: Session, policy: Policy, *, suite: str = "metaworld-mt10",
                    tasks: tuple[str, ...] = TASKS, per_task: int = 2, seed: int = 0, standard: bool = True,
                    tags: tuple[str, ...] = (), idempotency_key: str | None = None,
-                   request_sha256: str | None = None) -> queries.CreatedEvaluation:
+                   request_sha256: str | None = None, created_by_key_id: int | None = None) -> queries.CreatedEvaluation:
     episodes = [queries.EpisodeSpec(task=task, seed=1_000_000 + seed + i, max_steps=500)
                 for task in tasks for i in range(per_task)]
     return queries.create_evaluation(
         session, policy_id=policy.id, suite=suite, tasks=tasks, episodes_per_task=per_task, seed=seed,
         max_steps=None, standard=standard, tags=tags, episodes=episodes, idempotency_key=idempotency_key,
-        request_sha256=request_sha256)
+        request_sha256=request_sha256, created_by_key_id=created_by_key_id)
 
 
 def run_all(session: Session, episode_ids: list[int], successes: set[int] = frozenset(), *,

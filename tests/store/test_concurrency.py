@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from services.store import queries
+from services.store.api_keys import create_api_key
 from services.store.db import make_session_factory
 from services.store.models import Episode, Evaluation
 from tests.store.helpers import add_evaluation, add_policy
@@ -122,9 +123,11 @@ def test_cancel_racing_claims_never_deadlocks(factory):
 def test_one_idempotency_key_creates_one_evaluation(factory):
     with factory() as session:
         policy = add_policy(session)
+        key_id = create_api_key(session, "racer")[0].id
 
     def submit(session):
-        return add_evaluation(session, policy, idempotency_key="retry-me", request_sha256="c" * 64)
+        return add_evaluation(session, policy, idempotency_key="retry-me", request_sha256="c" * 64,
+                              created_by_key_id=key_id)
 
     results = race(factory, [submit] * THREADS)
     assert sum(r.created for r in results) == 1
@@ -132,3 +135,12 @@ def test_one_idempotency_key_creates_one_evaluation(factory):
     with factory() as session:
         assert session.scalars(select(Evaluation)).all().__len__() == 1
         assert len(session.scalars(select(Episode)).all()) == 4
+
+
+def test_an_idempotency_key_without_an_api_key_is_refused(factory):
+    """NULL key ids never collide in the (API key, idempotency key) unique index, so the store refuses
+    the combination rather than let racing submissions both be created."""
+    with factory() as session:
+        policy = add_policy(session)
+        with pytest.raises(ValueError, match="belongs to an API key"):
+            add_evaluation(session, policy, idempotency_key="no-key")

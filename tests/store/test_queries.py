@@ -46,11 +46,12 @@ def test_episode_rows_are_unique_per_evaluation_and_index(session):
 
 def test_idempotency_key_replays_or_conflicts(session):
     policy = add_policy(session)
-    first = add_evaluation(session, policy, idempotency_key="k1", request_sha256="a" * 64)
-    again = add_evaluation(session, policy, idempotency_key="k1", request_sha256="a" * 64)
+    key = api_keys.create_api_key(session, "retrier")[0].id
+    first = add_evaluation(session, policy, idempotency_key="k1", request_sha256="a" * 64, created_by_key_id=key)
+    again = add_evaluation(session, policy, idempotency_key="k1", request_sha256="a" * 64, created_by_key_id=key)
     assert not again.created and again.evaluation.id == first.evaluation.id and again.episode_ids == []
     with pytest.raises(queries.IdempotencyConflict, match="different request body") as info:
-        add_evaluation(session, policy, idempotency_key="k1", request_sha256="b" * 64)
+        add_evaluation(session, policy, idempotency_key="k1", request_sha256="b" * 64, created_by_key_id=key)
     assert info.value.evaluation_id == first.evaluation.id
     assert session.scalar(select(func.count()).select_from(Evaluation)) == 1
     assert session.scalar(select(func.count()).select_from(Episode)) == 4

@@ -17,7 +17,7 @@ import trainer.collect_demos as cd
 from benchmarks.registry import get_suite
 from benchmarks.suite import EpisodeEnv, Suite, TaskSpec, canonical_observation
 from trainer.collect_demos import CollectionError, collect_demos
-from trainer.data.lerobot import DatasetError, Episode, DemonstrationDataset, write_dataset
+from trainer.data.lerobot import DatasetError, DemonstrationDataset, Episode, write_dataset
 
 REACH = "metaworld-mt1-reach"
 

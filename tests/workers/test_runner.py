@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from services.store import queries
-from services.store.models import EvaluationStatus
+from services.store import aggregates, queries
+from services.store.models import Evaluation, EvaluationStatus
 from services.supervisor import free_port
 from services.workers import runner
 from tests.workers.conftest import (
@@ -65,17 +65,25 @@ def test_env_error_fails_the_episode_and_the_worker_goes_on(sessions, policy_ser
     assert evaluation(sessions, evaluation_id).finalised
 
 
-def test_policy_server_down_retries_then_policy_timeout(sessions):
+def test_policy_server_down_retries_then_policy_unreachable_a_harness_failure(sessions):
+    """An endpoint nothing answers on says nothing about the policy: its episodes are harness
+    failures (out of the success rate), and an evaluation made of them fails, unranked, not 0%."""
     evaluation_id, ids = make_evaluation(sessions, f"ws://127.0.0.1:{free_port()}/ws", 1)
     settings = fast_settings(policy_retries=2, policy_connect_deadline_s=0.5, policy_backoff_s=0.1,
                              policy_backoff_max_s=0.2)
     started = time.monotonic()
     result = runner.run_episode_by_id(sessions, ids[0], "w", settings)
-    assert (result.status, result.failure_reason) == ("failed", "policy_timeout")
+    assert (result.status, result.failure_reason) == ("failed", "policy_unreachable")
     assert time.monotonic() - started < 10
     row = episodes_of(sessions, evaluation_id)[0]
     assert "after 3 tries" in row.error_message and "no policy server answered" in row.error_message
-    assert evaluation(sessions, evaluation_id).finalised
+    done = evaluation(sessions, evaluation_id)
+    assert done.finalised and done.status == "failed"
+    with sessions() as session:
+        overall = queries.evaluation_results(session, session.get(Evaluation, evaluation_id))["overall"]
+    assert overall["scored"] == 0 and overall["success_rate"] is None
+    assert overall["failure_reasons"] == {"policy_unreachable": 1}
+    assert "harness failures (policy_unreachable: 1)" in aggregates.unranked_reason(overall)
 
 
 def test_cancelled_evaluation_is_not_run(sessions, policy_server):

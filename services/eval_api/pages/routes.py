@@ -20,7 +20,7 @@ from services.eval_api.settings import ApiSettings
 from services.store import queries
 from services.store.aggregates import unranked_reason
 from services.store.models import Episode, Evaluation
-from services.store.statuses import TERMINAL_EPISODE_STATUSES
+from services.store.statuses import HARNESS_FAILURES, TERMINAL_EPISODE_STATUSES
 
 UI_ROOT = "/ui/"
 LEADERBOARD_LIMIT = 1000  # rows on the leaderboard page (the JSON API's own cap)
@@ -142,6 +142,7 @@ def evaluation_page(evaluation_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], s
     return render(
         "evaluation.html", evaluation=evaluation, results=results,
         unranked_reason=unranked_reason(results["overall"]) if evaluation.finished_at is not None else None,
+        harness_failures=[reason.value for reason in HARNESS_FAILURES],
         done=sum(counts[status.value] for status in TERMINAL_EPISODE_STATUSES), live=evaluation.finished_at is None,
         poll_ms=POLL_MS, refresh_ms=REFRESH_MS, task_chart=task_chart, latency_chart=latency_chart,
         latency_count=len(latencies), episodes=episodes, after=after, page_size=EPISODES_PER_PAGE,

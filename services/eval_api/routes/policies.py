@@ -20,7 +20,14 @@ from services.eval_api.deps import ApiCaller, ReadAccessDep, SessionDep, Setting
 from services.eval_api.errors import ApiError
 from services.eval_api.handshake import HandshakeFailed
 from services.eval_api.pagination import decode_page_cursor, encode_cursor, page_limit
-from services.eval_api.schemas import MAX_ID, Page, PolicyCreate, PolicyOut, error_responses
+from services.eval_api.schemas import (
+    MAX_ID,
+    Page,
+    PolicyCreate,
+    PolicyOut,
+    PolicySummary,
+    error_responses,
+)
 from services.protocol.messages import Metadata
 from services.store import queries
 from services.store.models import Policy
@@ -150,15 +157,15 @@ async def register_policy(body: PolicyCreate, request: Request, response: Respon
     return policy
 
 
-@router.get("", response_model=Page[PolicyOut], responses=error_responses(401, 403, 422))
+@router.get("", response_model=Page[PolicySummary], responses=error_responses(401, 403, 422))
 def list_policies(session: SessionDep, settings: SettingsDep, _read: ReadAccessDep,
                   cursor: Annotated[str | None, Query(max_length=200)] = None,
-                  limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> Page[PolicyOut]:
+                  limit: Annotated[int, Query(ge=1, le=10_000)] = 50) -> Page[PolicySummary]:
     """Registered policies, newest first."""
     limit = page_limit(limit, settings.max_page_size)
     before = decode_page_cursor(cursor, "policy")
     rows = queries.list_policies(session, before_id=before, limit=limit + 1)
-    items = [PolicyOut.model_validate(row) for row in rows[:limit]]
+    items = [PolicySummary.model_validate(row) for row in rows[:limit]]
     return Page(items=items, next_cursor=encode_cursor("policy", items[-1].id) if len(rows) > limit else None)
 
 
