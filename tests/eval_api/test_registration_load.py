@@ -215,6 +215,9 @@ def test_the_database_and_the_api_are_free_while_handshakes_are_pending(store_en
     the fix each held a transaction (PostgreSQL: idle in transaction) and a thread of the API's pool
     of 40, so a read could not even start until a handshake ended."""
     parked = ParkedHandshake()
+    with store_engine.connect() as connection:  # the database's clock, which pg_stat_activity uses
+        started = connection.execute(text("SELECT now()")).scalar_one() if store_engine.dialect.name != "sqlite" \
+            else None
     with ServedApi(store_engine, handshake=parked) as api:
         inside = api.app.state.settings.max_concurrent_registrations
         with ThreadPoolExecutor(REGISTRATIONS) as pool:
@@ -230,10 +233,16 @@ def test_the_database_and_the_api_are_free_while_handshakes_are_pending(store_en
                     finally:
                         probe.close()
                 else:
+                    # A transaction held across a parked handshake stays idle for as long as the handshake
+                    # is parked; one between two statements of a request that is being served (a busy
+                    # machine can pause it a few hundred ms) does not. So: transactions this test's API
+                    # opened, idle for over a second, after the handshakes have been parked for longer.
+                    time.sleep(1.5)
                     with store_engine.connect() as connection:
                         idle = connection.execute(text(
                             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND state LIKE 'idle in transaction%'")).scalar_one()
+                            "AND state LIKE 'idle in transaction%' AND xact_start >= :started "
+                            "AND state_change < now() - interval '1 second'"), {"started": started}).scalar_one()
                     assert idle == 0, f"{idle} connection(s) idle in a transaction while handshakes are pending"
                 # Served while every handshake slot is taken (the timeout only guards against a hang).
                 assert httpx.get(f"{api.url}/evaluations", timeout=30).status_code == 200
@@ -243,12 +252,14 @@ def test_the_database_and_the_api_are_free_while_handshakes_are_pending(store_en
             assert [f.result().status_code for f in futures] == [422] * REGISTRATIONS
 
 
+# PostgreSQL only: SQLite's read transactions take no lock another connection could see.
+@pytest.mark.parametrize("store_engine", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True)
 def test_a_slow_reader_of_a_replay_holds_no_transaction(store_engine, tmp_path):
     """The same pattern elsewhere: a route's session used to stay open until the response was sent,
     so a client reading a replay GIF slowly kept a transaction open (PostgreSQL: idle in transaction)
     for as long as it liked. Sessions now close when the route function returns."""
-    if store_engine.dialect.name != "postgresql":
-        pytest.skip("SQLite's read transactions take no lock another connection can see")
+    with store_engine.connect() as connection:
+        started = connection.execute(text("SELECT now()")).scalar_one()
     (tmp_path / "replay.gif").write_bytes(b"GIF89a" + bytes(64 * 1024 * 1024))  # larger than socket buffers
     with ServedApi(store_engine, artifact_root=tmp_path) as api:
         with store_engine.begin() as connection:
@@ -259,8 +270,10 @@ def test_a_slow_reader_of_a_replay_holds_no_transaction(store_engine, tmp_path):
             slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             slow.sendall(f"GET /ui/episodes/{episode_id}/replay.gif HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
             assert slow.recv(4096).startswith(b"HTTP/1.1 200")  # streaming has begun; now stop reading
+            time.sleep(1.5)  # a transaction held by the stalled response ages; none of another request does
             with store_engine.connect() as connection:
                 idle = connection.execute(text(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND state LIKE 'idle in transaction%'")).scalar_one()
+                    "AND state LIKE 'idle in transaction%' AND xact_start >= :started "
+                    "AND state_change < now() - interval '1 second'"), {"started": started}).scalar_one()
     assert idle == 0, f"{idle} connection(s) idle in a transaction while a client reads a response"
