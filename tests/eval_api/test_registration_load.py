@@ -190,6 +190,17 @@ def test_registrations_past_the_cap_get_503_with_retry_after(store_engine):
     assert error["code"] == "registrations_busy" and "retry after" in error["message"]
 
 
+def idle_transactions(engine, started) -> int:
+    """PostgreSQL transactions opened since ``started`` (the database's clock) that have been idle for
+    over a second: what a transaction held across network I/O looks like, unlike one paused between
+    two statements of a request that is being served."""
+    with engine.connect() as connection:
+        return connection.execute(text(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state LIKE 'idle in transaction%' AND xact_start >= :started "
+            "AND state_change < now() - interval '1 second'"), {"started": started}).scalar_one()
+
+
 class ParkedHandshake:
     """A handshake reader that waits until the test releases it, then fails (a server that never answers)."""
 
@@ -238,11 +249,7 @@ def test_the_database_and_the_api_are_free_while_handshakes_are_pending(store_en
                     # machine can pause it a few hundred ms) does not. So: transactions this test's API
                     # opened, idle for over a second, after the handshakes have been parked for longer.
                     time.sleep(1.5)
-                    with store_engine.connect() as connection:
-                        idle = connection.execute(text(
-                            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND state LIKE 'idle in transaction%' AND xact_start >= :started "
-                            "AND state_change < now() - interval '1 second'"), {"started": started}).scalar_one()
+                    idle = idle_transactions(store_engine, started)
                     assert idle == 0, f"{idle} connection(s) idle in a transaction while handshakes are pending"
                 # Served while every handshake slot is taken (the timeout only guards against a hang).
                 assert httpx.get(f"{api.url}/evaluations", timeout=30).status_code == 200
@@ -271,9 +278,5 @@ def test_a_slow_reader_of_a_replay_holds_no_transaction(store_engine, tmp_path):
             slow.sendall(f"GET /ui/episodes/{episode_id}/replay.gif HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
             assert slow.recv(4096).startswith(b"HTTP/1.1 200")  # streaming has begun; now stop reading
             time.sleep(1.5)  # a transaction held by the stalled response ages; none of another request does
-            with store_engine.connect() as connection:
-                idle = connection.execute(text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND state LIKE 'idle in transaction%' AND xact_start >= :started "
-                    "AND state_change < now() - interval '1 second'"), {"started": started}).scalar_one()
+            idle = idle_transactions(store_engine, started)
     assert idle == 0, f"{idle} connection(s) idle in a transaction while a client reads a response"
