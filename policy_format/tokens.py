@@ -208,7 +208,6 @@ class PolicyTokenizer:
     def tasks(self) -> list[str]:
         return list(self.task_ids)
 
-
     @property
     def allowed_token_ids(self) -> list[int]:
         """The ids a policy may generate: the action range."""

@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -168,8 +169,6 @@ def busy_ports(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) ->
 def port_is_free(host: str, port: int) -> bool:
     """Whether a listener could bind ``host:port`` now (with SO_REUSEADDR, as uvicorn binds: a
     connection in TIME_WAIT does not count, another listener does)."""
-    import socket
-
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

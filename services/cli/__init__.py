@@ -28,6 +28,15 @@ import importlib
 import sys
 from collections.abc import Collection, Sequence
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def add_log_level(parser: argparse.ArgumentParser, help_text: str = "logging level (default: info)",
+                  choices: Sequence[str] = LOG_LEVELS) -> None:
+    """``--log-level``, spelled the same on every verb that logs."""
+    parser.add_argument("--log-level", default="info", choices=choices, help=help_text)
+
+
 # verb → (module, help)
 VERBS = {
     "api": ("services.cli.api", "serve the evaluation API with uvicorn"),

@@ -9,14 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+from services.cli import add_log_level
+
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug")  # uvicorn's own, "critical" too
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--migrate", action="store_true", help="upgrade the database schema first")
-    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="logging level (default: info)")
+    add_log_level(parser, choices=UVICORN_LOG_LEVELS)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,18 +7,17 @@ One sweeper per deployment is enough; two are safe, only wasteful
 from __future__ import annotations
 
 import argparse
+import logging
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+from services.cli import add_log_level
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="sweep once and exit")
-    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="logging level (default: info)")
+    add_log_level(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
     from services.store.migrate import check_current
     from services.workers.settings import settings
     from services.workers.sweeper import make_sweeper

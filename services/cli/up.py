@@ -11,9 +11,10 @@ it. The stack itself is services/stack.py.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+from services.cli import add_log_level
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,13 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default="runs/stack", help="logs, stack.json, api-key (default runs/stack)")
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for the stack to be up")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds a process gets to stop before SIGKILL")
-    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS,
-                        help="of the supervisor's own log (the children log to RUN_DIR/logs)")
+    add_log_level(parser, "of the supervisor's own log (the children log to RUN_DIR/logs)")
 
 
 def run(args: argparse.Namespace) -> int:
-    import logging
-
     from services.stack import Stack
 
     if args.workers < 0:

@@ -7,22 +7,21 @@ EVALFORGE_EPISODE_QUEUE (services/queue.py), the store from DATABASE_URL.
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+from services.cli import add_log_level
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, metavar="N",
                         help="episode processes (default: the number of CPU cores)")
-    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="logging level (default: info)")
+    add_log_level(parser)
     parser.add_argument("--hostname", help="Celery node name (default: episodes-PID@HOST)")
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-    import socket
-
     from services.queue import settings
     from services.workers.celery_app import app
 

@@ -71,6 +71,7 @@ __all__ = [
     "PolicyUnavailable",
     "ProtocolError",
     "backoff_delays",
+    "latency_summary_ms",
 ]
 
 log = logging.getLogger(__name__)
@@ -548,6 +549,14 @@ class _ChunkCursor:
 
     def clear(self) -> None:
         self.chunk, self.index, self.step = None, 0, 0
+
+
+def latency_summary_ms(latencies_s: list[float]) -> tuple[float | None, float | None]:
+    """Mean and p95 (linear interpolation) in ms of a broker's ``latencies_s``; (None, None) without any."""
+    if not latencies_s:
+        return None, None
+    latencies = np.asarray(latencies_s) * 1e3
+    return float(latencies.mean()), float(np.percentile(latencies, 95))
 
 
 class ActionChunkBroker:

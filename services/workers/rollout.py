@@ -27,7 +27,7 @@ import numpy as np
 from benchmarks.registry import get_suite
 from benchmarks.runner import EnvFailure, run_policy_episode
 from benchmarks.suite import EpisodeEnv, evaluation_seed
-from services.protocol.client import ActionChunkBroker, PolicyClient
+from services.protocol.client import ActionChunkBroker, PolicyClient, latency_summary_ms
 from services.store import aggregates
 from services.store.models import EpisodeStatus, FailureReason
 
@@ -89,10 +89,9 @@ def rollout(url: str, suite_name: str, tasks: list[str], episodes_per_task: int,
                                   "failure_reason": FailureReason.ENV_ERROR.value, "error_message": str(exc)}
                         env.close()
                         env = make_env(task)
-                    latencies = np.asarray(broker.latencies_s) * 1e3
-                    results.append({**result, "inferences": len(latencies),
-                                    "latency_mean_ms": float(latencies.mean()) if len(latencies) else None,
-                                    "latency_p95_ms": float(np.percentile(latencies, 95)) if len(latencies) else None})
+                    latency_mean_ms, latency_p95_ms = latency_summary_ms(broker.latencies_s)
+                    results.append({**result, "inferences": len(broker.latencies_s),
+                                    "latency_mean_ms": latency_mean_ms, "latency_p95_ms": latency_p95_ms})
             finally:
                 env.close()
     return results

@@ -70,6 +70,7 @@ from services.protocol.client import (
     PolicyUnavailable,
     ProtocolError,
     backoff_delays,
+    latency_summary_ms,
 )
 from services.protocol.messages import ErrorCode
 from services.store import queries
@@ -443,8 +444,6 @@ def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Ca
             raise
         client.close()
         raise _PolicyRetryable(FailureReason.POLICY_ERROR, f"policy server {job.endpoint}: {exc}") from exc
-    latencies = np.asarray(broker.latencies_s) * 1e3
+    latency_mean_ms, latency_p95_ms = latency_summary_ms(broker.latencies_s)
     return EpisodeResult(success=outcome.success, total_return=outcome.total_reward, steps=outcome.steps,
-                         duration_s=outcome.duration_s,
-                         latency_mean_ms=float(latencies.mean()) if len(latencies) else None,
-                         latency_p95_ms=float(np.percentile(latencies, 95)) if len(latencies) else None)
+                         duration_s=outcome.duration_s, latency_mean_ms=latency_mean_ms, latency_p95_ms=latency_p95_ms)

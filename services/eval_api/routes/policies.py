@@ -36,16 +36,12 @@ router = APIRouter(prefix="/policies", tags=["policies"])
 
 
 def _check_metadata(endpoint: str, meta: Metadata) -> None:
-    """Refuse a handshake whose facts the store could not hold or the API could not use."""
-    problems = []
-    if not 1 <= len(meta.checkpoint_sha256) <= 64:
-        problems.append(f"checkpoint_sha256 {meta.checkpoint_sha256[:80]!r} is not a sha256 hex digest")
-    for what, value in (("state_dim", meta.state_dim), ("action_dim", meta.action_dim),
-                        ("chunk_size", meta.chunk_size)):
-        if not 1 <= value <= 1_000_000:
-            problems.append(f"{what} {value} is out of range")
-    if not meta.tasks or any(not t or len(t) > 200 or "\x00" in t for t in meta.tasks):
-        problems.append("tasks must be a non-empty list of task names of at most 200 characters")
+    """Refuse a handshake whose dimensions the API could not use. The checkpoint's sha256, the task
+    list and the frame's size are checked where every client reads a handshake
+    (``services.protocol.messages.Metadata.from_msg``)."""
+    problems = [f"{what} {value} is out of range" for what, value in
+                (("state_dim", meta.state_dim), ("action_dim", meta.action_dim), ("chunk_size", meta.chunk_size))
+                if not 1 <= value <= 1_000_000]
     if problems:
         raise ApiError(422, "bad_handshake", f"the policy server at {endpoint} sent a handshake the API cannot "
                        f"use: {'; '.join(problems)}; fix the checkpoint's policy.json or the server")
