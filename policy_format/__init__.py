@@ -10,10 +10,9 @@ and builds its prompts here, with the same code. numpy and the standard library 
   :class:`ActionTokenizer` and :class:`PolicyTokenizer`, whose ``sequence`` builds both
   prompts and training sequences;
 - :mod:`policy_format.checkpoint`: a checkpoint directory validated as a whole
-  (:func:`load_checkpoint`) and its digest.
-
-Cameras and image preprocessing for vision policies belong here too, as a module of
-their own beside these.
+  (:func:`load_checkpoint`) and its digest;
+- :mod:`policy_format.images`: :class:`CameraInput`, the cameras a card declares (image
+  preprocessing for vision policies joins it there).
 """
 
 from policy_format.card import (
@@ -31,6 +30,7 @@ from policy_format.checkpoint import (
     checkpoint_digest,
     load_checkpoint,
 )
+from policy_format.images import CameraInput
 from policy_format.tokens import (
     ActionTokenizer,
     PolicyTokenizer,
@@ -41,7 +41,7 @@ from policy_format.tokens import (
 
 __all__ = [
     "FORMAT", "FORMAT_VERSION", "READERS", "WEIGHT_FILES",
-    "ActionTokenizer", "CheckpointError", "PolicyCard", "PolicyCheckpoint", "PolicyFormatError", "PolicyTokenizer",
+    "ActionTokenizer", "CameraInput", "CheckpointError", "PolicyCard", "PolicyCheckpoint", "PolicyFormatError", "PolicyTokenizer",
     "StateTokenizer", "TokenLayout", "UniformTokenizer",
     "checkpoint_digest", "load_checkpoint", "source_commit",
 ]

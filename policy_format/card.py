@@ -2,10 +2,10 @@
 
 The trainer writes the card next to a checkpoint's weights; the policy server reads it
 to turn observations into prompts and generated tokens into actions. Both use this
-module, so the rules below are checked by one piece of code. Format version 1::
+module, so the rules below are checked by one piece of code. Format version 2::
 
     {
-      "format": "evalforge.policy", "format_version": 1,
+      "format": "evalforge.policy", "format_version": 2,
       "name": "reach-bc", "suite": "metaworld-mt1-reach",
       "state_dim": 39, "action_dim": 4, "chunk_size": 4,
       "state_bins": 256, "action_bins": 256,
@@ -13,6 +13,7 @@ module, so the rules below are checked by one piece of code. Format version 1::
       "action_bounds": {"low": [...action_dim], "high": [...action_dim]},
       "token_ranges": {"state": [0, 256], "action": [256, 512], "task": [512, 513]},
       "tasks": [{"name": "reach-v3", "token_id": 512, "instruction": "Reach the goal."}],
+      "cameras": [{"name": "corner", "height": 96, "width": 96, "resize": "bilinear", "scale": "unit"}],
       "provenance": {"dataset": "...", "steps": 2000, "source_commit": "..."}
     }
 
@@ -21,11 +22,20 @@ ranges hold exactly ``*_bins`` ids; each task's ``token_id`` lies in the task ra
 Bounds are finite with ``high > low`` in every dimension. How tokens are laid out and
 binned is :mod:`policy_format.tokens`.
 
+``cameras`` (optional; written only when there are any) lists the images the policy
+takes, in the order it takes them: a name matching ``[A-Za-z0-9_.-]{1,64}``, distinct, at
+most 16; ``height`` and ``width`` from 1 to 4096; ``resize`` ``bilinear`` or ``nearest``;
+``scale`` ``unit`` (see :mod:`policy_format.images`). A card without cameras is a
+state-only policy. The prompt does not hold image rows yet (vision policies come later).
+
 **Versions.** ``format_version`` names the layout of the file. :data:`READERS` maps every
 version this code reads to its reader; a reader turns its version into the current
 :class:`PolicyCard`, and :meth:`PolicyCard.write` always writes :data:`FORMAT_VERSION`.
 A new version adds a reader and keeps the old ones (``tests/policy_format`` loads a file
-of every version). Vision policies' cameras and image rows come as a new version.
+of every version).
+
+- version 1: everything above but ``cameras``;
+- version 2: adds the optional ``cameras``. A version-1 file reads as a card without cameras.
 """
 
 from __future__ import annotations
@@ -39,10 +49,18 @@ from typing import Any
 
 import numpy as np
 
+from policy_format.images import (
+    CAMERA_NAME_PATTERN,
+    MAX_CAMERAS,
+    MAX_IMAGE_SIDE,
+    RESIZE_METHODS,
+    SCALES,
+    CameraInput,
+)
 from policy_format.tokens import ActionTokenizer, PolicyTokenizer, StateTokenizer, TokenLayout
 
 FORMAT = "evalforge.policy"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FILENAME = "policy.json"
 
 
@@ -56,7 +74,8 @@ class PolicyCard:
 
     The trainer builds one with the fields below (``layout`` and ``task_ids`` then follow
     the packed layout: state bins, action bins, one token per task in ``tasks`` order);
-    :meth:`read` gives the one a file holds. Bounds are array-likes of ``*_dim`` floats.
+    :meth:`read` gives the one a file holds. Bounds are array-likes of ``*_dim`` floats;
+    ``cameras`` (any sequence, kept as a tuple) are the images the policy takes, in order.
     """
 
     name: str
@@ -75,12 +94,19 @@ class PolicyCard:
     provenance: dict[str, Any] = field(default_factory=dict)
     layout: TokenLayout = None  # type: ignore[assignment]  # None: TokenLayout.packed(bins, bins, len(tasks))
     task_ids: dict[str, int] = None  # type: ignore[assignment]  # None: the task range's ids in tasks order
+    cameras: tuple[CameraInput, ...] = ()
 
     def __post_init__(self) -> None:
+        self.cameras = tuple(self.cameras)
         if self.layout is None:
             self.layout = TokenLayout.packed(self.state_bins, self.action_bins, len(self.tasks))
         if self.task_ids is None:
             self.task_ids = {name: self.layout.task_range[0] + i for i, name in enumerate(self.tasks)}
+
+    @property
+    def camera_sizes(self) -> dict[str, tuple[int, int]]:
+        """Camera name → (height, width), in the card's order; {} for a state-only policy."""
+        return {camera.name: camera.size for camera in self.cameras}
 
     # --- reading ---------------------------------------------------------------------
 
@@ -161,6 +187,8 @@ class PolicyCard:
             "token_ranges": {name: list(bounds) for name, bounds in layout.ranges.items()},
             "tasks": [{"name": name, "token_id": self.task_ids.get(name), "instruction": self.instructions.get(name, "")}
                       for name in self.tasks],
+            **({"cameras": [{"name": c.name, "height": c.height, "width": c.width, "resize": c.resize,
+                             "scale": c.scale} for c in self.cameras]} if self.cameras else {}),
             "provenance": {**provenance_defaults, **self.provenance},
         }
 
@@ -293,5 +321,45 @@ def _read_v1(raw: dict[str, Any], vocab_size: int | None) -> PolicyCard:
     )
 
 
-READERS: dict[int, Callable[[dict[str, Any], int | None], PolicyCard]] = {1: _read_v1}
+# --- version 2 ---------------------------------------------------------------------------
+
+
+def _cameras(raw: Mapping[str, Any]) -> tuple[CameraInput, ...]:
+    entries = raw.get("cameras", [])
+    if not isinstance(entries, list):
+        raise _Invalid(f"policy.json field 'cameras' must be a list of camera entries, got {type(entries).__name__}")
+    if len(entries) > MAX_CAMERAS:
+        raise _Invalid(f"policy.json lists {len(entries)} cameras; a policy takes at most {MAX_CAMERAS}")
+    cameras: list[CameraInput] = []
+    for index, entry in enumerate(entries):
+        where = f"policy.json cameras[{index}]"
+        if not isinstance(entry, dict):
+            raise _Invalid(f"{where} must be an object with name, height, width, resize and scale")
+        name = entry.get("name")
+        if not isinstance(name, str) or not CAMERA_NAME_PATTERN.fullmatch(name):
+            raise _Invalid(f"{where} name {name!r} must match {CAMERA_NAME_PATTERN.pattern}")
+        if name in (camera.name for camera in cameras):
+            raise _Invalid(f"{where}: camera {name!r} appears twice")
+        sides = [entry.get("height"), entry.get("width")]
+        if not all(type(side) is int and 1 <= side <= MAX_IMAGE_SIDE for side in sides):
+            raise _Invalid(f"{where} (camera {name!r}) height and width must be integers from 1 to "
+                           f"{MAX_IMAGE_SIDE}, got {sides}")
+        resize = entry.get("resize", RESIZE_METHODS[0])
+        if resize not in RESIZE_METHODS:
+            raise _Invalid(f"{where} (camera {name!r}) resize {resize!r} is not one of {', '.join(RESIZE_METHODS)}")
+        scale = entry.get("scale", SCALES[0])
+        if scale not in SCALES:
+            raise _Invalid(f"{where} (camera {name!r}) scale {scale!r} is not one of {', '.join(SCALES)}")
+        cameras.append(CameraInput(name=name, height=sides[0], width=sides[1], resize=resize, scale=scale))
+    return tuple(cameras)
+
+
+def _read_v2(raw: dict[str, Any], vocab_size: int | None) -> PolicyCard:
+    """Version 1's fields, plus the optional ``cameras``."""
+    card = _read_v1(raw, vocab_size)
+    card.cameras = _cameras(raw)
+    return card
+
+
+READERS: dict[int, Callable[[dict[str, Any], int | None], PolicyCard]] = {1: _read_v1, 2: _read_v2}
 """``format_version`` → the reader of that version: ``reader(raw, vocab_size)`` → the current :class:`PolicyCard`."""

@@ -4,6 +4,12 @@ It has real weights (a Llama causal LM in safetensors) and a valid policy.json,
 so a whole pipeline — server, workers, evaluation — can be checked before
 anything is trained. Sizes: ``--preset 1m`` (about 1 M parameters) or ``25m``;
 any field can be overridden.
+
+``--cameras corner,gripper`` makes the card declare those cameras (format version 2),
+at ``--image-size`` (``96`` for 96×96, or ``HxW``) or, with ``--suite``, at the suite's
+default size for each camera; the policy server then asks for and checks those images.
+The model stays a state-only language model: the vision encoder comes with vision
+policies, so the images are validated on the path but not yet seen by the model.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from policy_format import PolicyCard
+from policy_format import CameraInput, PolicyCard, PolicyFormatError
 
 PRESETS = {
     # hidden, layers, heads, kv heads, intermediate
@@ -35,8 +41,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--layers", type=int)
     parser.add_argument("--init-std", type=float, default=0.02, help="weight initialisation std")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cameras", help="comma-separated cameras the policy takes (default: none, state only)")
+    parser.add_argument("--image-size", type=image_size, metavar="N|HxW",
+                        help="size of every camera's images: N for NxN or HxW (default: the suite's camera sizes)")
     parser.add_argument("--name", help="policy name (default: the output directory's name)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing checkpoint")
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """``--image-size``: ``96`` → (96, 96); ``96x128`` → (96, 128), height first."""
+    parts = text.lower().split("x")
+    if len(parts) in (1, 2) and all(part.isdigit() and int(part) > 0 for part in parts):
+        height, width = int(parts[0]), int(parts[-1])
+        return height, width
+    raise argparse.ArgumentTypeError(f"{text!r} is not an image size; give N (N x N pixels) or HxW, e.g. 96 or 96x128")
+
+
+def camera_inputs(suite: str | None, names: str | None, size: tuple[int, int] | None) -> list[CameraInput]:
+    """The cameras the card declares: ``names`` at ``size``, or at the suite's sizes when no size is given."""
+    cameras = [name.strip() for name in (names or "").split(",") if name.strip()]
+    if not cameras:
+        if size is not None:
+            raise SystemExit("trainer init-policy: --image-size needs --cameras (which cameras take that size)")
+        return []
+    if len(set(cameras)) != len(cameras):
+        raise SystemExit(f"trainer init-policy: --cameras must name distinct cameras, got {cameras}")
+    if suite is not None:
+        from benchmarks.registry import get_suite
+        from benchmarks.suite import SuiteError
+
+        try:
+            sizes = get_suite(suite).resolve_cameras(cameras if size is None else {c: list(size) for c in cameras})
+        except SuiteError as exc:
+            raise SystemExit(f"trainer init-policy: {exc}") from None
+    elif size is None:
+        raise SystemExit("trainer init-policy: --cameras without --suite needs --image-size (N or HxW): no suite "
+                         "says the cameras' sizes")
+    else:
+        sizes = {camera: size for camera in cameras}
+    return [CameraInput(name=camera, height=height, width=width) for camera, (height, width) in sizes.items()]
 
 
 def suite_dims(suite: str) -> tuple[int, int, list[str], dict[str, str]]:
@@ -65,19 +108,23 @@ def run(args: argparse.Namespace) -> Path:
         instructions = {}
     if len(set(tasks)) != len(tasks) or not tasks:
         raise SystemExit(f"trainer init-policy: --tasks must name distinct tasks, got {tasks}")
+    cameras = camera_inputs(args.suite, args.cameras, args.image_size)
     out: Path = args.out
     if (out / "policy.json").exists() and not args.force:
         raise SystemExit(f"trainer init-policy: {out} already holds a checkpoint; pass --force to overwrite it")
-    out.mkdir(parents=True, exist_ok=True)
-
     card = PolicyCard(
         name=args.name or out.name, suite=args.suite, state_dim=state_dim, action_dim=action_dim,
         chunk_size=args.chunk_size, tasks=tasks, instructions=instructions,
         state_low=[-1.0] * state_dim, state_high=[1.0] * state_dim,
         action_low=[-1.0] * action_dim, action_high=[1.0] * action_dim,
-        state_bins=args.bins, action_bins=args.bins,
+        state_bins=args.bins, action_bins=args.bins, cameras=cameras,
         provenance={"dataset": None, "steps": 0, "init": f"random (std {args.init_std}, seed {args.seed})"},
     )
+    try:
+        card.validate()  # before any file is written
+    except PolicyFormatError as exc:
+        raise SystemExit(f"trainer init-policy: {exc}") from None
+    out.mkdir(parents=True, exist_ok=True)
     shape = dict(PRESETS[args.preset])
     if args.hidden_size:
         shape["hidden_size"] = args.hidden_size

@@ -16,6 +16,15 @@ cache chunks per episode, count everything);
 
 Bad input gets an ``error`` reply with a code and a message naming the field —
 never a traceback — and the connection stays usable.
+
+**Images.** The metadata announces the cameras the checkpoint's card declares
+(``PolicyCard.camera_sizes``). For such a policy every infer request and every bare
+(openpi-style) request is held to them (``Observation.check_images``): a missing
+camera, a non-uint8 image or one of another shape gets ``invalid_image`` naming the
+camera and the expected ``[H, W, 3]`` (HTTP 422 on ``POST /act``); JSON bodies carry no
+arrays, so camera policies take msgpack. Images are accepted and validated but not yet
+fed to the engine: the engines are state-only until vision policies (issue #21) give
+the prompt its image rows. A state-only policy ignores any well-formed images it gets.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from services.protocol.messages import (
     ErrorCode,
     ErrorReply,
     InferRequest,
+    InvalidImage,
     InvalidObservation,
     Metadata,
     Observation,
@@ -74,6 +84,7 @@ HTTP_STATUS = {
     ErrorCode.INTERNAL: 500,
     ErrorCode.UNKNOWN_TASK: 422,
     ErrorCode.INVALID_OBSERVATION: 422,
+    ErrorCode.INVALID_IMAGE: 422,
 }
 
 
@@ -131,6 +142,7 @@ class PolicyService:
             action_dim=self.tokenizer.action_dim,
             chunk_size=self.tokenizer.chunk_size,
             tasks=tuple(self.tokenizer.tasks),
+            cameras=checkpoint.card.camera_sizes,
             extra={"engine": engine.name, "suite": checkpoint.card.suite, "instructions":
                    {t: checkpoint.card.instructions.get(t, "") for t in self.tokenizer.tasks}},
         )
@@ -239,7 +251,7 @@ class PolicyService:
             if isinstance(message, dict):
                 candidate = message.get("request_id")
                 request_id = candidate if isinstance(candidate, int | str) and not isinstance(candidate, bool) else None
-            request = parse_request(message)
+            request = parse_request(message, self.metadata.cameras)
             if isinstance(request, InferRequest):
                 self.metrics.requests.labels("infer").inc()
                 reply = await self.infer(request)
@@ -263,6 +275,8 @@ class PolicyService:
             return self._error(request_id, ErrorCode.PROTOCOL_VERSION, f"{exc}; this server speaks {PROTOCOL_VERSION}")
         except UnknownMessageType as exc:
             return self._error(request_id, ErrorCode.UNKNOWN_TYPE, str(exc))
+        except InvalidImage as exc:
+            return self._error(request_id, ErrorCode.INVALID_IMAGE, str(exc))
         except InvalidObservation as exc:
             return self._error(request_id, ErrorCode.INVALID_OBSERVATION, str(exc))
         except ProtocolError as exc:
@@ -278,7 +292,7 @@ class PolicyService:
         """openpi-style requests name the instruction 'prompt'; accept it for 'task'."""
         if "task" not in obs and isinstance(obs.get("prompt"), str):
             obs = {**obs, "task": obs["prompt"]}
-        return Observation.from_wire(obs)
+        return Observation.from_wire(obs, self.metadata.cameras)
 
     def _error(self, request_id: Any, code: ErrorCode, message: str) -> tuple[bytes, ErrorCode]:
         self.metrics.errors.labels(str(code)).inc()
@@ -333,8 +347,11 @@ def create_app(service: PolicyService, *, on_fatal: Callable[[BaseException], No
             if not isinstance(state, list) or not all(isinstance(v, int | float) and not isinstance(v, bool)
                                                        for v in state):
                 raise ValueError("'state' must be a list of numbers")
-            observation = Observation.from_wire({**obs, "state": np.asarray(state, dtype=np.float32)})
+            observation = Observation.from_wire({**obs, "state": np.asarray(state, dtype=np.float32)},
+                                                service.metadata.cameras)
             actions, timing = await service.infer_observation(observation, "json")
+        except InvalidImage as exc:
+            return _json_error(ErrorCode.INVALID_IMAGE, str(exc))
         except (ValueError, InvalidObservation) as exc:
             return _json_error(ErrorCode.INVALID_OBSERVATION if isinstance(exc, InvalidObservation)
                                else ErrorCode.BAD_REQUEST, str(exc))

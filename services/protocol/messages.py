@@ -15,11 +15,21 @@ bare observation      ``{"actions": ..., "server_timing": {...}}`` (openpi form)
 
 A request may carry ``protocol_version``; a server speaking another version
 answers ``error`` with code ``protocol_version``. Errors never carry tracebacks.
+
+**Cameras.** An observation carries ``images: {camera: uint8[H, W, 3]}`` (C-contiguous,
+RGB, upright), arrays as the codec sends them. A policy that sees images announces
+them in its metadata, ``"cameras": {camera: [H, W]}`` (absent for a state-only
+policy, so metadata frames from before cameras still parse: the field is optional and
+the protocol version is unchanged). ``Observation.check_images`` holds an observation
+to such a declaration; images are never converted (a float image is refused, not
+rescaled), and a bad one raises ``InvalidImage`` naming the camera, the expected
+``[H, W, 3]`` uint8 and what came — answered with code ``invalid_image``.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -29,13 +39,17 @@ import numpy as np
 from services.protocol.codec import ProtocolError
 
 __all__ = [
+    "CAMERA_NAME_PATTERN",
     "PROTOCOL_VERSION",
     "ActionsReply",
     "BareObservationRequest",
     "ErrorCode",
     "ErrorReply",
     "InferRequest",
+    "InvalidImage",
     "InvalidObservation",
+    "MAX_CAMERAS",
+    "MAX_IMAGE_SIDE",
     "MAX_METADATA_BYTES",
     "MAX_POLICY_NAME_CHARS",
     "MAX_TASK_NAME_CHARS",
@@ -65,6 +79,12 @@ SHA256_PATTERN = re.compile(r"[0-9a-f]{64}")
 """A checkpoint's identity: its sha256, 64 lower-case hex digits (what ``policy_format.checkpoint_digest`` makes)."""
 REVISION_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,64}")
 """An optional ``revision`` (a git tag or commit, a hub revision) a server may name besides its sha256."""
+# Caps on the cameras a policy announces (policy_format's card holds the same ones: a card the
+# trainer writes is always one a server can announce; tests/policy_server checks they agree).
+MAX_CAMERAS = 16
+MAX_IMAGE_SIDE = 4096
+CAMERA_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A camera's name, in metadata and as a key of an observation's ``images``."""
 
 
 class ErrorCode(StrEnum):
@@ -73,6 +93,7 @@ class ErrorCode(StrEnum):
     BAD_REQUEST = "bad_request"  # malformed message: missing or mistyped field
     BAD_FRAME = "bad_frame"  # undecodable frame, text frame, frame over the cap
     INVALID_OBSERVATION = "invalid_observation"  # wrong state shape/dtype, NaN/inf
+    INVALID_IMAGE = "invalid_image"  # a camera the policy needs is missing, or its image is not uint8 [H, W, 3]
     UNKNOWN_TASK = "unknown_task"
     UNKNOWN_TYPE = "unknown_type"
     PROTOCOL_VERSION = "protocol_version"
@@ -91,6 +112,45 @@ class UnknownMessageType(ProtocolError):
 
 class InvalidObservation(ProtocolError):
     """A well-formed request whose observation is unusable (shape, dtype, NaN...)."""
+
+
+class InvalidImage(InvalidObservation):
+    """An observation's image that is missing or not what the policy takes; ``camera`` names it."""
+
+    def __init__(self, camera: str, message: str) -> None:
+        super().__init__(message)
+        self.camera = camera
+
+
+def _camera_label(name: object) -> str:
+    """A camera name as an error quotes it: a peer's key may be anything, so at most 64 characters."""
+    return repr(name[:64]) if isinstance(name, str) else f"<{type(name).__name__} key>"
+
+
+def _describe(value: object) -> str:
+    """What an image turned out to be, in a few words (never its contents)."""
+    if isinstance(value, np.ndarray):
+        return f"{value.dtype} {list(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def _check_image(camera: str, image: object, expected: tuple[int, int] | None) -> None:
+    """Raise ``InvalidImage`` unless ``image`` is uint8 [H, W, 3], C-contiguous (and [h, w, 3] when expected)."""
+    want = "uint8 [H, W, 3]" if expected is None else f"uint8 [{expected[0]}, {expected[1]}, 3]"
+    label = _camera_label(camera)
+    if not isinstance(image, np.ndarray):
+        raise InvalidImage(camera, f"image of camera {label} must be a {want} array, got {_describe(image)}")
+    if image.dtype != np.uint8:
+        raise InvalidImage(camera, f"image of camera {label} must be {want}, got {_describe(image)}; images are "
+                                   "never converted (a float image is refused, not rescaled): send uint8 0-255")
+    shape_ok = (image.shape == (*expected, 3) if expected is not None
+                else image.ndim == 3 and image.shape[2] == 3 and min(image.shape) > 0)
+    if not shape_ok:
+        fix = f"render it at {expected[0]}x{expected[1]} RGB" if expected is not None else "send RGB height x width x 3"
+        raise InvalidImage(camera, f"image of camera {label} must be {want}, got {_describe(image)}; {fix}")
+    if not image.flags.c_contiguous:
+        raise InvalidImage(camera, f"image of camera {label} must be a C-contiguous {want} array, got a strided "
+                                   "view; pass numpy.ascontiguousarray(image)")
 
 
 def _require(msg: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -112,14 +172,31 @@ def _request_id(msg: dict, what: str) -> int | str:
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """The canonical observation: a float32 state vector, a task name, optional images."""
+    """The canonical observation: a float32 state vector, a task name, optional images.
+
+    ``images`` maps camera names to uint8 [H, W, 3] C-contiguous arrays (``to_wire`` and
+    ``from_wire`` refuse anything else with ``InvalidImage``).
+    """
 
     state: np.ndarray
     task: str
     images: dict[str, np.ndarray] = field(default_factory=dict)
 
+    def check_images(self, expected: Mapping[str, tuple[int, int]]) -> None:
+        """Raise ``InvalidImage`` unless every camera in ``expected`` (name → (height, width)) has a
+        C-contiguous uint8 [height, width, 3] image here; cameras not in ``expected`` are ignored."""
+        for camera, size in expected.items():
+            if camera not in self.images:
+                sent = ", ".join(_camera_label(name) for name in list(self.images)[:MAX_CAMERAS]) or "none"
+                raise InvalidImage(camera, f"observation has no image of camera {camera!r}, which this policy "
+                                           f"needs as uint8 [{size[0]}, {size[1]}, 3] under 'images'; "
+                                           f"cameras sent: {sent}")
+            _check_image(camera, self.images[camera], (size[0], size[1]))
+
     @classmethod
-    def from_wire(cls, obs: Any) -> Observation:
+    def from_wire(cls, obs: Any, cameras: Mapping[str, tuple[int, int]] | None = None) -> Observation:
+        """The observation in a decoded ``obs`` map; with ``cameras`` (what the policy takes), its images are
+        held to them (``check_images``) before any other image is checked."""
         if not isinstance(obs, dict):
             raise InvalidObservation(f"'obs' must be a map, got {type(obs).__name__}")
         state = obs.get("state")
@@ -136,17 +213,30 @@ class Observation:
         task = obs.get("task")
         if not isinstance(task, str):
             raise InvalidObservation(f"observation field 'task' must be a string, got {type(task).__name__}")
-        images = obs.get("images") or {}
-        if not isinstance(images, dict) or not all(
-            isinstance(k, str) and isinstance(v, np.ndarray) and v.dtype == np.uint8 and v.ndim == 3
-            for k, v in images.items()
-        ):
-            raise InvalidObservation("observation field 'images' must map camera names to uint8 arrays of shape [H, W, C]")
-        return cls(state=state, task=task, images=images)
+        images = obs.get("images")
+        if images is None:
+            images = {}
+        if not isinstance(images, dict):
+            raise InvalidObservation(f"observation field 'images' must map camera names to uint8 [H, W, 3] arrays, "
+                                     f"got {type(images).__name__}")
+        observation = cls(state=state, task=task, images=images)
+        if cameras:
+            observation.check_images(cameras)
+        for camera, image in images.items():
+            if cameras and camera in cameras:
+                continue
+            if not isinstance(camera, str):
+                raise InvalidObservation(f"observation field 'images' has a {type(camera).__name__} key; camera "
+                                         "names are strings")
+            _check_image(camera, image, None)
+        return observation
 
     def to_wire(self) -> dict[str, Any]:
+        """The ``obs`` map to send; raises ``InvalidImage`` for an image the protocol does not carry."""
         wire: dict[str, Any] = {"state": np.ascontiguousarray(self.state, dtype=np.float32), "task": self.task}
         if self.images:
+            for camera, image in self.images.items():
+                _check_image(camera, image, None)
             wire["images"] = self.images
         return wire
 
@@ -164,6 +254,8 @@ class Metadata:
     protocol_version: int = PROTOCOL_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
     revision: str | None = None
+    cameras: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """The images the policy takes, name → (height, width), in the policy's order; {} for a state-only one."""
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -177,6 +269,7 @@ class Metadata:
             "tasks": list(self.tasks),
             **({"extra": self.extra} if self.extra else {}),
             **({"revision": self.revision} if self.revision is not None else {}),
+            **({"cameras": {name: [h, w] for name, (h, w) in self.cameras.items()}} if self.cameras else {}),
         }
 
     @classmethod
@@ -221,7 +314,29 @@ class Metadata:
             protocol_version=version,
             extra=extra if isinstance(extra, dict) else {},
             revision=revision,
+            cameras=_metadata_cameras(msg.get("cameras", {})),
         )
+
+
+def _metadata_cameras(cameras: Any) -> dict[str, tuple[int, int]]:
+    """The handshake's ``cameras`` map, checked against the caps (a missing field is {})."""
+    if not isinstance(cameras, dict):
+        raise ProtocolError(f"metadata field 'cameras' must map camera names to [height, width], got "
+                            f"{type(cameras).__name__}")
+    if len(cameras) > MAX_CAMERAS:
+        raise ProtocolError(f"metadata field 'cameras' names {len(cameras)} cameras; a policy takes at most "
+                            f"{MAX_CAMERAS}")
+    sizes: dict[str, tuple[int, int]] = {}
+    for name, size in cameras.items():
+        if not isinstance(name, str) or not CAMERA_NAME_PATTERN.fullmatch(name):
+            raise ProtocolError("metadata field 'cameras' has a camera name that does not match "
+                                f"{CAMERA_NAME_PATTERN.pattern}")
+        if (not isinstance(size, list) or len(size) != 2
+                or not all(type(side) is int and 1 <= side <= MAX_IMAGE_SIDE for side in size)):
+            raise ProtocolError(f"metadata camera {name!r} must be [height, width], integers from 1 to "
+                                f"{MAX_IMAGE_SIDE}")
+        sizes[name] = (size[0], size[1])
+    return sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,8 +436,13 @@ def _check_version(msg: dict) -> None:
         )
 
 
-def parse_request(msg: Any) -> Request:
-    """Validate a decoded frame from a client and return the request it carries."""
+def parse_request(msg: Any, cameras: Mapping[str, tuple[int, int]] | None = None) -> Request:
+    """Validate a decoded frame from a client and return the request it carries.
+
+    ``cameras``: the images the serving policy takes (name → (height, width)); an infer request's
+    observation is held to them (``Observation.from_wire``). A bare (openpi-style) request is
+    returned as sent: the server reads its observation itself.
+    """
     if not isinstance(msg, dict):
         raise ProtocolError(f"a request must be a map, got {type(msg).__name__}")
     kind = msg.get("type")
@@ -350,7 +470,7 @@ def parse_request(msg: Any) -> Request:
             raise ProtocolError(f"{what} is missing the 'obs' field")
         return InferRequest(
             request_id=request_id,
-            obs=Observation.from_wire(msg["obs"]),
+            obs=Observation.from_wire(msg["obs"], cameras),
             episode_id=None if episode_id is None else str(episode_id),
             step=step,
             stepwise=bool(msg.get("stepwise", False)),

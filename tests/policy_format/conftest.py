@@ -1,4 +1,4 @@
-"""Fixtures for the policy-format tests: a real checkpoint (`trainer init-policy`) and the v1 files."""
+"""Fixtures for the policy-format tests: a real checkpoint (`trainer init-policy`) and the files of every version."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ DATA = Path(__file__).parent / "data"
 # policy.json files as the code of each format version wrote them (see data/README.md)
 V1_PACKED = DATA / "policy-v1-packed.json"
 V1_HAND_LAID = DATA / "policy-v1-hand-laid.json"
+V2_CAMERAS = DATA / "policy-v2-cameras.json"
+V2_STATE_ONLY = DATA / "policy-v2-state-only.json"
+EVERY_VERSION = (V1_PACKED, V1_HAND_LAID, V2_CAMERAS, V2_STATE_ONLY)
 
 
 @pytest.fixture(scope="session")

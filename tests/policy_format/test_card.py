@@ -1,4 +1,5 @@
-"""policy.json: every format version loads, writing is byte-compatible, bad cards and checkpoints are refused."""
+"""policy.json: every format version loads, writing is byte-compatible, bad cards and checkpoints are refused;
+cameras (version 2)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,20 @@ import pytest
 from policy_format import (
     FORMAT_VERSION,
     READERS,
+    CameraInput,
     CheckpointError,
     PolicyCard,
     PolicyFormatError,
     TokenLayout,
     load_checkpoint,
 )
-from tests.policy_format.conftest import V1_HAND_LAID, V1_PACKED
+from tests.policy_format.conftest import (
+    EVERY_VERSION,
+    V1_HAND_LAID,
+    V1_PACKED,
+    V2_CAMERAS,
+    V2_STATE_ONLY,
+)
 from tests.policy_server.conftest import ACTION_DIM, CHUNK, STATE_DIM, TASKS
 
 STATES = np.array([[-1.5, 0.0, 0.0], [0.0, 1.0, 0.1], [0.99, 1.99, 0.49], [-0.875, 0.125, -0.4375]],
@@ -39,10 +47,16 @@ def packed_card(**changes) -> PolicyCard:
 # --------------------------------------------------------------------------- versions
 
 
-def test_every_format_version_has_a_file_here():
-    assert sorted(READERS) == [1] and FORMAT_VERSION == max(READERS)
-    for path in (V1_PACKED, V1_HAND_LAID):
-        assert json.loads(path.read_text())["format_version"] in READERS
+CAMERAS = (CameraInput("corner", 96, 96), CameraInput("gripper", 64, 80, resize="nearest"))
+
+
+def test_every_format_version_has_a_file_here_and_every_file_loads():
+    assert sorted(READERS) == [1, 2] and FORMAT_VERSION == max(READERS)
+    versions = {json.loads(path.read_text())["format_version"] for path in EVERY_VERSION}
+    assert versions == set(READERS)
+    for path in EVERY_VERSION:
+        card = PolicyCard.read(path)
+        assert card.tokenizer().prompt(card.tasks[0], STATES[1])  # every version still serves
 
 
 def test_version_1_packed_loads_and_tokenizes_as_the_v1_server_did():
@@ -75,10 +89,63 @@ def test_version_1_with_a_hand_laid_layout_loads_as_the_v1_server_read_it():
     assert again.layout == card.layout and again.task_ids == card.task_ids
 
 
-def test_writing_is_byte_for_byte_what_version_1_wrote(tmp_path):
-    assert packed_card().write(tmp_path).read_bytes() == V1_PACKED.read_bytes()
+def test_writing_is_byte_for_byte_what_version_2_wrote(tmp_path):
+    assert packed_card().write(tmp_path).read_bytes() == V2_STATE_ONLY.read_bytes()
+    assert packed_card(cameras=list(CAMERAS)).write(tmp_path).read_bytes() == V2_CAMERAS.read_bytes()
     (tmp_path / "again").mkdir()
-    assert PolicyCard.read(V1_PACKED).write(tmp_path / "again").read_bytes() == V1_PACKED.read_bytes()
+    assert PolicyCard.read(V2_CAMERAS).write(tmp_path / "again").read_bytes() == V2_CAMERAS.read_bytes()
+    # a version-1 file written again is version 2 without cameras: only its version changes
+    assert PolicyCard.read(V1_PACKED).write(tmp_path / "again").read_bytes() == V2_STATE_ONLY.read_bytes()
+    assert V2_STATE_ONLY.read_text() == V1_PACKED.read_text().replace('"format_version": 1', '"format_version": 2')
+
+
+def test_version_2_cameras_load_in_order_and_version_1_has_none():
+    card = PolicyCard.read(V2_CAMERAS)
+    assert card.cameras == CAMERAS
+    assert list(card.camera_sizes.items()) == [("corner", (96, 96)), ("gripper", (64, 80))]
+    assert CAMERAS[0].resize == "bilinear" and CAMERAS[0].scale == "unit"
+    for path in (V1_PACKED, V1_HAND_LAID, V2_STATE_ONLY):
+        assert PolicyCard.read(path).cameras == () and PolicyCard.read(path).camera_sizes == {}
+    # cameras add no prompt tokens yet (image rows come with vision policies)
+    assert card.tokenizer().prompt("reach-v3", STATES[1]) == PolicyCard.read(V1_PACKED).tokenizer().prompt(
+        "reach-v3", STATES[1])
+
+
+def _camera_entry(**changes):
+    return {"name": "corner", "height": 96, "width": 96, "resize": "bilinear", "scale": "unit", **changes}
+
+
+BAD_CAMERAS = {
+    "not a list": ({"corner": [96, 96]}, "'cameras' must be a list of camera entries, got dict"),
+    "entry not an object": (["corner"], r"cameras\[0\] must be an object"),
+    "bad name": ([_camera_entry(name="a/b")], r"cameras\[0\] name 'a/b' must match"),
+    "twice": ([_camera_entry(), _camera_entry()], r"cameras\[1\]: camera 'corner' appears twice"),
+    "zero height": ([_camera_entry(height=0)], r"camera 'corner'\) height and width must be integers from 1 to 4096"),
+    "too wide": ([_camera_entry(width=4097)], "from 1 to 4096, got \\[96, 4097\\]"),
+    "float size": ([_camera_entry(width=96.0)], "must be integers"),
+    "resize": ([_camera_entry(resize="bicubic")], "resize 'bicubic' is not one of bilinear, nearest"),
+    "scale": ([_camera_entry(scale="imagenet")], "scale 'imagenet' is not one of unit"),
+    "too many": ([_camera_entry(name=f"c{i}") for i in range(17)], "17 cameras; a policy takes at most 16"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CAMERAS))
+def test_bad_cameras_are_refused_naming_the_entry(name):
+    cameras, pattern = BAD_CAMERAS[name]
+    raw = {**json.loads(V2_CAMERAS.read_text()), "cameras": cameras}
+    with pytest.raises(PolicyFormatError, match=pattern):
+        PolicyCard.from_json(raw)
+
+
+def test_write_refuses_a_camera_no_reader_would_accept(tmp_path):
+    with pytest.raises(PolicyFormatError, match="resize 'cubic'"):
+        packed_card(cameras=[CameraInput("corner", 96, 96, resize="cubic")]).write(tmp_path)
+    assert not (tmp_path / "policy.json").exists()
+
+
+def test_resize_and_scale_default_when_a_file_leaves_them_out():
+    raw = {**json.loads(V2_CAMERAS.read_text()), "cameras": [{"name": "top", "height": 96, "width": 96}]}
+    assert PolicyCard.from_json(raw).cameras == (CameraInput("top", 96, 96, "bilinear", "unit"),)
 
 
 def test_provenance_gains_the_source_commit_unless_it_has_one(tmp_path):
@@ -92,11 +159,11 @@ def test_provenance_gains_the_source_commit_unless_it_has_one(tmp_path):
 
 def test_an_unknown_version_is_refused_naming_the_versions_this_code_reads(tmp_path):
     raw = json.loads(V1_PACKED.read_text())
-    raw["format_version"] = 2
+    raw["format_version"] = 3
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(raw))
-    with pytest.raises(PolicyFormatError, match=r"policy\.json: policy\.json format_version 2 is not supported; "
-                                                r"this EvalForge reads version 1"):
+    with pytest.raises(PolicyFormatError, match=r"policy\.json: policy\.json format_version 3 is not supported; "
+                                                r"this EvalForge reads version 1, 2"):
         PolicyCard.read(path)
 
 

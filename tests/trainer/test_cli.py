@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,34 @@ def test_megatron_notes_about_missing_apex_and_transformer_engine_are_filtered_w
                        "import warnings; warnings.warn('a warning of ours')")
     assert "Transformer Engine" not in quiet and "Apex" not in quiet
     assert "a warning of ours" in quiet
+
+
+def test_init_policy_declares_the_cameras_it_is_given(tmp_path):
+    from policy_format import CameraInput, load_checkpoint
+
+    args = ["init-policy", "--state-dim", "3", "--action-dim", "2", "--tasks", "reach-v3", "--layers", "1"]
+    main([*args, "--out", str(tmp_path / "square"), "--cameras", "corner,gripper", "--image-size", "96"])
+    assert load_checkpoint(tmp_path / "square").card.cameras == (CameraInput("corner", 96, 96),
+                                                                  CameraInput("gripper", 96, 96))
+    main([*args, "--out", str(tmp_path / "oblong"), "--cameras", "gripper", "--image-size", "64x80"])
+    assert load_checkpoint(tmp_path / "oblong").card.camera_sizes == {"gripper": (64, 80)}
+    main([*args, "--out", str(tmp_path / "state")])
+    assert load_checkpoint(tmp_path / "state").card.cameras == ()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--cameras", "corner", "--image-size", "96x"], "'96x' is not an image size; give N"),
+    (["--cameras", "corner", "--image-size", "0"], "'0' is not an image size"),
+    (["--cameras", "corner"], "--cameras without --suite needs --image-size"),
+    (["--image-size", "96"], "--image-size needs --cameras"),
+    (["--cameras", "corner,corner", "--image-size", "96"], "distinct cameras"),
+    (["--cameras", "a/b", "--image-size", "96"], r"name 'a/b' must match"),
+    (["--cameras", "corner", "--image-size", "5000"], "height and width must be integers from 1 to 4096"),
+])
+def test_init_policy_refuses_bad_cameras_before_writing_anything(tmp_path, capsys, extra, message):
+    out = tmp_path / "ckpt"
+    with pytest.raises(SystemExit) as exit_:
+        main(["init-policy", "--out", str(out), "--state-dim", "3", "--action-dim", "2", "--tasks", "t", *extra])
+    assert exit_.value.code != 0
+    assert re.search(message, str(exit_.value.code) + capsys.readouterr().err)
+    assert not out.exists()
