@@ -6,15 +6,20 @@ Suites:
   ``-v3`` suffix; the task keeps MetaWorld's name: ``metaworld-mt1-reach`` has the
   task ``reach-v3``);
 - ``metaworld-mt10`` and ``metaworld-mt50``: MetaWorld's MT10 and MT50 task sets,
-  in MetaWorld's order.
+  in MetaWorld's order;
+- pixel variants ``metaworld-mt1-<task>-pixels`` (all 50) and ``metaworld-mt10-pixels``:
+  the same tasks, seeds and experts, but the state has the goal removed (36 values),
+  so a policy must find the goal in the images (MetaWorld draws each task's goal as a
+  small red site, or it is the place the task's own objects imply).
 
 Observation: MetaWorld's 39-dim state with the goal visible (the multi-task
 setting: hand xyz, gripper opening, two objects' xyz + quaternion, the same 18
-values from the previous step, goal xyz). The task is the observation's ``task``
-field, never a one-hot in the state. Action: 4 values in [-1, 1] (hand dx, dy, dz
-and gripper effort). 500 steps per episode, MetaWorld's ``max_path_length``;
-success is MetaWorld's ``info["success"]`` and ends the episode. ``fps`` is the
-control rate, 1 / (MuJoCo timestep 0.0025 s × frame skip 5) = 80.
+values from the previous step, goal xyz; ``STATE_NAMES``). The task is the
+observation's ``task`` field, never a one-hot in the state. Action: 4 values in
+[-1, 1] (hand dx, dy, dz and gripper effort). 500 steps per episode, MetaWorld's
+``max_path_length``; success is MetaWorld's ``info["success"]`` and ends the
+episode. ``fps`` is the control rate, 1 / (MuJoCo timestep 0.0025 s × frame skip 5) = 80.
+A pixel suite's expert reads the full 39 values from ``env.expert_observation()``.
 
 Seed → initial state: MetaWorld draws each episode's object and goal positions
 (its "rand_vec") from the environment's ``np_random``. We give that generator a
@@ -25,15 +30,33 @@ do not share their random draws. PCG64 streams are identical on every platform;
 the physics that settles the arm after the draw is deterministic for a given
 MuJoCo build and CPU architecture.
 
-Rendering (``MetaWorldEnv.render_frame``, for replays): offscreen with MuJoCo's own
-``mujoco.Renderer``, created on the first call and reused. A machine without a
-display needs a headless OpenGL: when ``MUJOCO_GL`` is unset and there is no
-``DISPLAY``, this module sets ``MUJOCO_GL=egl`` before MuJoCo is imported (Mesa's
-EGL falls back to the llvmpipe software rasteriser on a host without a GPU; set
-``MUJOCO_GL=osmesa`` to use OSMesa instead). Shadows and reflections are switched
-off: in software they cost ~90% of a frame, ~10-20 ms instead of ~110 ms at 160×120
-on a shared 2-core host. Physics is untouched, so a rendered episode plays exactly
-like an unrendered one.
+Cameras (``CAMERAS``, default 96 × 96, the size of common visuomotor policies'
+inputs, e.g. Diffusion Policy's PushT):
+
+- ``corner`` (the overview camera, what replays show): MuJoCo camera ``corner``, the
+  table, arm and goal from the front left corner. MetaWorld mounts its corner
+  cameras upside down, so the picture is turned 180 degrees;
+- ``gripper``: MuJoCo camera ``gripperPOV``, on the hand, looking down at the table
+  with the forward direction (away from the robot) at the top of the picture; it is
+  upright as MuJoCo renders it.
+
+Rendering happens only in ``render_images`` (and ``render_frame``), offscreen with
+MuJoCo's own ``mujoco.Renderer``: one per image size, made on first use and kept
+until ``close()``; a state-only episode never makes one. Shadows and reflections
+are switched off: in software they cost ~90% of a frame. Physics is untouched,
+so a rendered episode plays exactly like an unrendered one, and the same seed and
+actions give byte-identical frames (one renderer, one build).
+
+OpenGL backend: MuJoCo picks it once, when ``mujoco`` is first imported, from
+``MUJOCO_GL`` (and PyOpenGL binds its platform at the same moment), so it cannot
+be switched when a context later fails to come up. When ``MUJOCO_GL`` is unset and
+there is no ``DISPLAY``, this module chooses before MuJoCo is imported: ``egl``
+if ``libEGL`` can be found (Mesa's EGL falls back to the llvmpipe software
+rasteriser on a host without a GPU), else ``osmesa`` if ``libOSMesa`` can be found,
+else ``egl`` (whose failure then names the fix). A user's ``MUJOCO_GL`` is never
+overridden. When a context cannot be made, rendering raises ``RenderingUnavailable``
+saying which backend failed and what to install or set (``MUJOCO_GL=osmesa`` with
+OSMesa installed), for the next process.
 
 Nothing here imports ``metaworld`` until an environment or expert is made, so the
 suite catalogue stays cheap to read.
@@ -41,6 +64,7 @@ suite catalogue stays cheap to read.
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import warnings
 import zlib
@@ -49,10 +73,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks.suite import (
+    CameraSpec,
     EpisodeEnv,
     ExpertPolicy,
     SimObservation,
     Suite,
+    SuiteError,
     TaskSpec,
     canonical_observation,
 )
@@ -60,12 +86,35 @@ from benchmarks.suite import (
 MAX_STEPS = 500
 FPS = 80.0
 
+
+
+def _headless_gl_backend() -> str:
+    """``egl`` where libEGL is installed, else ``osmesa`` where libOSMesa is, else ``egl``."""
+    if ctypes.util.find_library("EGL"):
+        return "egl"
+    if ctypes.util.find_library("OSMesa"):
+        return "osmesa"
+    return "egl"
+
+
 # Headless hosts: MuJoCo picks its OpenGL backend once, when it is first imported.
 if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
-    os.environ["MUJOCO_GL"] = "egl"
+    os.environ["MUJOCO_GL"] = _headless_gl_backend()
 
-RENDER_CAMERA = "corner"
+
+class RenderingUnavailable(RuntimeError):
+    """No offscreen OpenGL context can be made in this process."""
+
+
+CAMERAS: tuple[CameraSpec, ...] = (
+    CameraSpec("corner", 96, 96, "the table, the arm and the goal from the front left corner"),
+    CameraSpec("gripper", 96, 96, "from the hand, looking down at the table; away from the robot is up"),
+)
+OVERVIEW_CAMERA = "corner"
 """The replay camera: the table, the arm and the goal from the front corner."""
+
+# Our camera name -> (MuJoCo camera in MetaWorld's XML, whether it is mounted upside down).
+_MUJOCO_CAMERAS: dict[str, tuple[str, bool]] = {"corner": ("corner", True), "gripper": ("gripperPOV", False)}
 
 # MetaWorld ships no language; these follow the task descriptions of the MetaWorld
 # paper (Yu et al., 2019, appendix), in the order of metaworld.env_dict.ALL_V3_ENVIRONMENTS.
@@ -132,6 +181,8 @@ _FRAME = ("hand_x", "hand_y", "hand_z", "gripper_opening",
           "obj0_x", "obj0_y", "obj0_z", "obj0_qw", "obj0_qx", "obj0_qy", "obj0_qz",
           "obj1_x", "obj1_y", "obj1_z", "obj1_qw", "obj1_qx", "obj1_qy", "obj1_qz")
 STATE_NAMES: tuple[str, ...] = (*_FRAME, *(f"prev_{n}" for n in _FRAME), "goal_x", "goal_y", "goal_z")
+PIXEL_STATE_NAMES: tuple[str, ...] = STATE_NAMES[:-3]
+"""A pixel suite's state: everything but the goal (MetaWorld puts it last)."""
 ACTION_NAMES: tuple[str, ...] = ("hand_dx", "hand_dy", "hand_dz", "gripper_effort")
 
 
@@ -141,7 +192,7 @@ def _task_rng(task: str, seed: int) -> np.random.Generator:
 
 
 class MetaWorldEnv(EpisodeEnv):
-    """One MetaWorld v3 task, goal observable, reset from a seed."""
+    """One MetaWorld v3 task, reset from a seed; a pixel suite's state lacks the goal."""
 
     def __init__(self, suite: Suite, task: str, seed: int) -> None:
         super().__init__(suite, task, seed)
@@ -160,51 +211,83 @@ class MetaWorldEnv(EpisodeEnv):
         env.seeded_rand_vec = True
         env.max_path_length = self.max_steps
         self._env = env
-        self._renderer: Any = None  # mujoco.Renderer, made on the first render_frame()
+        # The policy sees the suite's first state_dim values (a pixel suite: all but the
+        # goal, which comes last); the expert sees all of _full_state.
+        self._state_dim = suite.state_dim
+        self._full_state: np.ndarray | None = None
+        self._renderers: dict[tuple[int, int], Any] = {}  # (height, width) -> mujoco.Renderer
+
+    def _observation(self, state: np.ndarray) -> SimObservation:
+        self._full_state = state
+        return canonical_observation(state[:self._state_dim], self.task)
 
     def _reset(self, seed: int) -> SimObservation:
         self._env.np_random = _task_rng(self.task, seed)
         state, _ = self._env.reset()
-        return canonical_observation(state, self.task)
+        return self._observation(state)
 
     def _step(self, action: np.ndarray) -> tuple[SimObservation, float, bool, dict[str, Any]]:
         state, reward, _, _, info = self._env.step(action)
         success = bool(info.get("success", 0.0))
-        return canonical_observation(state, self.task), float(reward), success, {
+        return self._observation(state), float(reward), success, {
             k: float(v) for k, v in info.items() if isinstance(v, int | float | np.floating | np.integer)}
 
-    def render_frame(self, width: int = 160, height: int = 120) -> np.ndarray:
-        """The current scene from ``RENDER_CAMERA`` as ``uint8[height, width, 3]``, rendered offscreen.
+    def expert_observation(self) -> SimObservation:
+        """The full 39-value state, goal included (what MetaWorld's scripted policies read)."""
+        if self._full_state is None:
+            raise RuntimeError(f"{self.suite.name}/{self.task}: no episode has started; call reset() first")
+        return canonical_observation(self._full_state, self.task)
 
-        Raises whatever MuJoCo raises when no OpenGL context can be made (no EGL/OSMesa
-        library, no display): callers that treat frames as optional catch ``Exception``.
-        """
+    def _render_camera(self, camera: str, height: int, width: int) -> np.ndarray:
         import mujoco
 
-        if self._renderer is None or (self._renderer.height, self._renderer.width) != (height, width):
-            self._close_renderer()
+        renderer = self._renderer(height, width)
+        mujoco_camera, upside_down = _MUJOCO_CAMERAS[camera]
+        renderer.update_scene(self._env.data, camera=mujoco_camera)
+        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
+        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
+        frame = renderer.render()  # a new array, rows top first (mujoco.Renderer flips OpenGL's rows)
+        return np.ascontiguousarray(frame[::-1, ::-1]) if upside_down else frame
+
+    def _renderer(self, height: int, width: int) -> Any:
+        renderer = self._renderers.get((height, width))
+        if renderer is None:
+            import mujoco
+
             model = self._env.model
             # The offscreen buffer must hold the frame; it is allocated once, with the context.
             model.vis.global_.offwidth = max(model.vis.global_.offwidth, width)
             model.vis.global_.offheight = max(model.vis.global_.offheight, height)
-            self._renderer = mujoco.Renderer(model, height=height, width=width)
-        renderer = self._renderer
-        renderer.update_scene(self._env.data, camera=RENDER_CAMERA)
-        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = False
-        renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
-        # MetaWorld's corner cameras are mounted upside down: turn the picture 180 degrees.
-        return np.ascontiguousarray(renderer.render()[::-1, ::-1])
+            try:
+                renderer = mujoco.Renderer(model, height=height, width=width)
+            except Exception as exc:  # what each backend raises without a display or a GL library varies
+                backend = os.environ.get("MUJOCO_GL", "glfw")
+                raise RenderingUnavailable(
+                    f"{self.suite.name}/{self.task}: MuJoCo cannot make an offscreen OpenGL context with "
+                    f"MUJOCO_GL={backend} ({type(exc).__name__}: {exc}); install Mesa's EGL (libegl1) or "
+                    "OSMesa (libosmesa6) and start the process with MUJOCO_GL=egl or MUJOCO_GL=osmesa "
+                    "(MuJoCo reads it once, at import)") from exc
+            self._renderers[(height, width)] = renderer
+        return renderer
 
-    def _close_renderer(self) -> None:
-        if self._renderer is not None:
-            renderer, self._renderer = self._renderer, None
+    def render_frame(self, width: int = 160, height: int = 120) -> np.ndarray:
+        """The current scene from the overview camera as ``uint8[height, width, 3]`` (for replays).
+
+        Raises ``RenderingUnavailable`` when no OpenGL context can be made: callers that
+        treat frames as optional catch ``Exception``.
+        """
+        return self.render_images({OVERVIEW_CAMERA: (height, width)})[OVERVIEW_CAMERA]
+
+    def _close_renderers(self) -> None:
+        renderers, self._renderers = self._renderers, {}
+        for renderer in renderers.values():
             try:
                 renderer.close()
             except Exception:  # a context that never fully came up may fail to free; it is gone either way
                 pass
 
     def close(self) -> None:
-        self._close_renderer()
+        self._close_renderers()
         self._env.close()
 
 
@@ -219,39 +302,53 @@ def _make_expert(suite: Suite, task: str) -> ExpertPolicy:
     low, high = suite.action_low_array, suite.action_high_array
 
     def expert(obs: SimObservation) -> np.ndarray:
+        state = np.asarray(obs["state"], dtype=np.float64)
+        if state.shape != (len(STATE_NAMES),):
+            raise SuiteError(f"{suite.name}/{task}: the expert reads MetaWorld's full {len(STATE_NAMES)}-value "
+                             f"state, got {state.shape[0] if state.ndim == 1 else list(state.shape)} values; "
+                             "pass it env.expert_observation(), not the policy's observation")
         # MetaWorld's policies warn whenever their P-controller asks for more than the
         # action bounds; the env clips anyway, so the warning is noise in a demo run.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            action = policy.get_action(np.asarray(obs["state"], dtype=np.float64))
+            action = policy.get_action(state)
         return np.clip(np.asarray(action, dtype=np.float32), low, high)
 
     return expert
 
 
-def _suite(name: str, description: str, tasks: tuple[str, ...]) -> Suite:
+def _suite(name: str, description: str, tasks: tuple[str, ...], *, pixels: bool = False) -> Suite:
+    if pixels:
+        description += ("; pixels: the goal position is not in the state (36 values), only the camera "
+                        "images show it")
+    state_names = PIXEL_STATE_NAMES if pixels else STATE_NAMES
     return Suite(
-        name=name,
+        name=f"{name}-pixels" if pixels else name,
         simulator="metaworld",
         description=description,
         tasks=tuple(TaskSpec(t, INSTRUCTIONS[t], MAX_STEPS) for t in tasks),
-        state_dim=39,
+        state_dim=len(state_names),
         action_dim=4,
         action_low=(-1.0,) * 4,
         action_high=(1.0,) * 4,
         fps=FPS,
         env_factory=_make_env,
         expert_factory=_make_expert,
-        state_names=STATE_NAMES,
+        state_names=state_names,
         action_names=ACTION_NAMES,
+        cameras=CAMERAS,
+        overview_camera=OVERVIEW_CAMERA,
     )
 
 
 def suites() -> list[Suite]:
-    """The MetaWorld suites: 50 single-task MT1 suites, MT10 and MT50."""
-    out = [_suite(f"metaworld-mt1-{task.removesuffix('-v3')}",
-                  f"MetaWorld MT1, one task: {INSTRUCTIONS[task]}", (task,))
-           for task in ALL_TASKS]
-    out.append(_suite("metaworld-mt10", "MetaWorld MT10: ten manipulation tasks", MT10_TASKS))
+    """The MetaWorld suites: 50 single-task MT1 suites, MT10 and MT50, and their pixel variants
+    (50 MT1 and MT10)."""
+    out = []
+    for pixels in (False, True):
+        out += [_suite(f"metaworld-mt1-{task.removesuffix('-v3')}", f"MetaWorld MT1, one task: {INSTRUCTIONS[task]}",
+                       (task,), pixels=pixels)
+                for task in ALL_TASKS]
+        out.append(_suite("metaworld-mt10", "MetaWorld MT10: ten manipulation tasks", MT10_TASKS, pixels=pixels))
     out.append(_suite("metaworld-mt50", "MetaWorld MT50: all fifty manipulation tasks", ALL_TASKS))
     return out

@@ -17,6 +17,13 @@ would only yield few, odd demonstrations. ``suite.expert("push-t")`` raises
 ``NoExpertError`` and ``trainer collect-demos --suite pusht`` refuses, saying so.
 Use the human demonstrations of the ``lerobot/pusht`` dataset instead.
 
+Camera ``top`` (default 96 × 96, gym-pusht's own observation size): gym-pusht's
+pixel observation, the workspace seen from above — the same pygame drawing of the
+goal, block and agent, resized with OpenCV to the requested height × width — drawn
+offscreen on a pygame ``Surface`` (no window, no display) from the current physics
+state, which drawing never changes. At 96 × 96 it is byte for byte the observation
+``gym_pusht``'s ``obs_type="pixels"`` returns.
+
 gym-pusht is imported only when an environment is made.
 """
 
@@ -27,10 +34,18 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.suite import EpisodeEnv, SimObservation, Suite, TaskSpec, canonical_observation
+from benchmarks.suite import (
+    CameraSpec,
+    EpisodeEnv,
+    SimObservation,
+    Suite,
+    TaskSpec,
+    canonical_observation,
+)
 
 TASK = "push-t"
 MAX_STEPS = 300
+CAMERAS = (CameraSpec("top", 96, 96, "the workspace from above: goal (green), block and agent"),)
 
 
 class PushTEnv(EpisodeEnv):
@@ -54,6 +69,12 @@ class PushTEnv(EpisodeEnv):
         return canonical_observation(state, self.task), float(reward), bool(terminated), {
             "coverage": float(info["coverage"])}
 
+    def _render_camera(self, camera: str, height: int, width: int) -> np.ndarray:
+        # What gym-pusht's _render() does for a pixel observation, at our size and
+        # without its render_mode switch (ours is None: no window is ever opened).
+        frame = self._env._get_img(self._env._draw(), width=width, height=height, render_action=False)
+        return np.ascontiguousarray(frame, dtype=np.uint8)
+
     def close(self) -> None:
         self._env.close()
 
@@ -67,7 +88,7 @@ def suites() -> list[Suite]:
     return [Suite(
         name="pusht",
         simulator="gym-pusht",
-        description="PushT: push a T-shaped block into a goal pose (2-D, state observations)",
+        description="PushT: push a T-shaped block into a goal pose (2-D; state, and a top camera)",
         tasks=(TaskSpec(TASK, "push the T-shaped block onto the goal", MAX_STEPS),),
         state_dim=5,
         action_dim=2,
@@ -79,4 +100,6 @@ def suites() -> list[Suite]:
                           "train on human demonstrations (the lerobot/pusht dataset) instead"),
         state_names=("agent_x", "agent_y", "block_x", "block_y", "block_angle"),
         action_names=("target_x", "target_y"),
+        cameras=CAMERAS,
+        overview_camera="top",
     )]

@@ -11,7 +11,8 @@ plus one line in ``SIMULATOR_MODULES``.
     >>> env = suite.make_env("reach-v3", seed=7)
     >>> obs = env.reset()                    # {"state": float32[39], "task": "reach-v3"}
     >>> expert = suite.expert("reach-v3")
-    >>> result = env.step(expert(obs))       # StepResult(obs, reward, success, done, info)
+    >>> result = env.step(expert(env.expert_observation()))  # StepResult(obs, reward, success, done, info)
+    >>> frames = env.render_images(suite.resolve_cameras(["corner"]))  # {"corner": uint8[96, 96, 3]}
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from benchmarks.suite import (
     DEMO_SEEDS,
     EVAL_SEED_START,
+    CameraSpec,
     EpisodeEnv,
     ExpertPolicy,
     NoExpertError,
@@ -36,6 +38,7 @@ from benchmarks.suite import (
 
 __all__ = [
     "DEMO_SEEDS",
+    "CameraSpec",
     "EVAL_SEED_START",
     "EpisodeEnv",
     "ExpertPolicy",
@@ -83,7 +86,8 @@ def get_suite(name: str) -> Suite:
 
 
 def catalogue() -> list[dict[str, Any]]:
-    """Every suite's facts — tasks, instructions, dims, bounds, step limits — as JSON-ready dicts.
+    """Every suite's facts — tasks, instructions, dims, state/action names, bounds, step limits,
+    cameras — as JSON-ready dicts.
 
     Imports no simulator.
     """

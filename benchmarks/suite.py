@@ -11,11 +11,22 @@ caller needs goes through a ``Suite``:
   simulator in the initial state that ``seed`` names — the same state on every call
   and every machine with the same simulator build;
 - ``suite.expert(task)`` → a scripted policy, ``obs -> action``, or
-  ``NoExpertError`` when the simulator has none.
+  ``NoExpertError`` when the simulator has none. Feed it
+  ``env.expert_observation()``, not the policy's observation: a pixel suite hides
+  part of the state (the goal) from the policy but not from its expert;
+- ``suite.cameras``: the cameras the suite can render (``CameraSpec``: name and
+  default height × width), ``suite.overview_camera`` the one replays show, and
+  ``suite.resolve_cameras(...)`` turns a request (names, or ``{name: [h, w]}``)
+  into the checked ``{name: (height, width)}`` that ``env.render_images`` takes.
 
 Observations are canonical (the wire protocol's ``SimObservation``):
 ``{"state": float32[state_dim], "task": task_name}`` plus, optionally,
-``"images": {camera: uint8[H, W, C]}``.
+``"images": {camera: uint8[H, W, 3]}``. ``reset`` and ``step`` never render:
+images cost far more than a physics step, so a caller renders with
+``env.render_images(cameras)`` exactly when (and what) its policy will look at,
+and a state-only evaluation renders nothing. Frames show the simulator's current
+state, upright (row 0 is the top of the picture), as C-contiguous ``uint8[h, w, 3]``;
+the same seed and the same actions give byte-identical frames.
 
 An episode ends when the task's success criterion holds (``success=True``,
 ``done=True``) or after ``max_steps`` steps (``done=True``, ``success=False``),
@@ -63,6 +74,23 @@ class SuiteError(ValueError):
 
 class NoExpertError(SuiteError):
     """The suite has no scripted expert for the task."""
+
+
+MIN_IMAGE_SIDE = 16
+MAX_IMAGE_SIDE = 1024
+"""Bounds on a rendered image's height and width, in pixels. Below 16 a picture shows
+nothing a policy can use; above 1024 one frame of one camera costs seconds in a
+software renderer and megabytes on the wire at every step."""
+
+
+@dataclass(frozen=True)
+class CameraSpec:
+    """A camera a suite can render, with its default image size."""
+
+    name: str
+    height: int
+    width: int
+    description: str = ""
 
 
 def close_matches(name: str, candidates: Sequence[str], n: int = 5) -> str:
@@ -114,6 +142,7 @@ class EpisodeEnv(ABC):
         self.seed = _check_seed(seed)
         self.steps = 0
         self._done = True
+        self._last_obs: SimObservation | None = None
 
     def reset(self, seed: int | None = None) -> SimObservation:
         """Start an episode from ``seed``'s initial state (default: the seed this env was made with)."""
@@ -121,7 +150,8 @@ class EpisodeEnv(ABC):
             self.seed = _check_seed(seed)
         self.steps = 0
         self._done = False
-        return self._reset(self.seed)
+        self._last_obs = self._reset(self.seed)
+        return self._last_obs
 
     def step(self, action: np.ndarray | Sequence[float]) -> StepResult:
         """Apply one action. Actions are clipped to the suite's bounds; NaN is refused."""
@@ -138,15 +168,44 @@ class EpisodeEnv(ABC):
         # is the one recorded in demos, so it must lie inside the published bounds.
         act = np.clip(act, self.suite.action_low_array, self.suite.action_high_array)
         obs, reward, success, info = self._step(act)
+        self._last_obs = obs
         self.steps += 1
         truncated = not success and self.steps >= self.max_steps
         self._done = success or truncated
         info = {**info, "action": act, "truncated": truncated}
         return StepResult(obs=obs, reward=float(reward), success=bool(success), done=self._done, info=info)
 
+    def expert_observation(self) -> SimObservation:
+        """What the suite's scripted expert needs now: the last observation ``reset``/``step``
+        returned, unless the suite hides part of the state from the policy (a pixel
+        suite's goal), in which case the simulator module returns the full state."""
+        if self._last_obs is None:
+            raise RuntimeError(f"{self.suite.name}/{self.task}: no episode has started; call reset() first")
+        return self._last_obs
+
+    def render_images(self, cameras: Mapping[str, tuple[int, int]]) -> dict[str, np.ndarray]:
+        """The current simulator state from each camera: ``{name: uint8[height, width, 3]}``.
+
+        ``cameras`` maps camera names to ``(height, width)``, as ``Suite.resolve_cameras``
+        returns them. Frames are upright and C-contiguous; an unknown camera or a size
+        outside [MIN_IMAGE_SIDE, MAX_IMAGE_SIDE] raises ``SuiteError``.
+        """
+        if not self.suite.cameras:
+            raise SuiteError(f"suite {self.suite.name} renders no cameras; evaluate it with a state-only "
+                             "policy (one whose card declares no cameras)")
+        for name, size in cameras.items():
+            self.suite.camera(name)
+            _check_image_size(name, size)
+        return {name: self._render_camera(name, int(size[0]), int(size[1])) for name, size in cameras.items()}
+
+    def _render_camera(self, camera: str, height: int, width: int) -> np.ndarray:
+        """One upright, C-contiguous ``uint8[height, width, 3]`` frame of a checked camera and size."""
+        raise SuiteError(f"suite {self.suite.name} declares camera {camera!r} but its environment "
+                         f"{type(self).__name__} cannot render it")
+
     @abstractmethod
     def close(self) -> None:
-        """Release the simulator."""
+        """Release the simulator (and any renderer)."""
 
     def __enter__(self) -> EpisodeEnv:
         return self
@@ -161,6 +220,18 @@ class EpisodeEnv(ABC):
     @abstractmethod
     def _step(self, action: np.ndarray) -> tuple[SimObservation, float, bool, dict[str, Any]]:
         """Apply a clipped float32 action; return (obs, reward, success, info)."""
+
+
+def _check_image_size(camera: str, size: object) -> tuple[int, int]:
+    """``size`` as ``(height, width)`` when it is two integers in [MIN_IMAGE_SIDE, MAX_IMAGE_SIDE]."""
+    if (not isinstance(size, Sequence) or isinstance(size, str) or len(size) != 2
+            or any(isinstance(v, bool) or not isinstance(v, int | np.integer) for v in size)):
+        raise SuiteError(f"camera {camera!r}: the size must be [height, width] (two integers), got {size!r}")
+    height, width = int(size[0]), int(size[1])
+    if not (MIN_IMAGE_SIDE <= height <= MAX_IMAGE_SIDE and MIN_IMAGE_SIDE <= width <= MAX_IMAGE_SIDE):
+        raise SuiteError(f"camera {camera!r}: size {height}×{width} is outside the limit: height and width "
+                         f"must each be between {MIN_IMAGE_SIDE} and {MAX_IMAGE_SIDE} pixels")
+    return height, width
 
 
 def _check_seed(seed: int) -> int:
@@ -195,6 +266,8 @@ class Suite:
     no_expert_reason: str = ""
     state_names: tuple[str, ...] = ()
     action_names: tuple[str, ...] = ()
+    cameras: tuple[CameraSpec, ...] = ()
+    overview_camera: str | None = None
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tasks]
@@ -206,6 +279,14 @@ class Suite:
                                   ("action", self.action_names, self.action_dim)):
             if names_ and len(names_) != dim:
                 raise ValueError(f"suite {self.name}: {len(names_)} {what} names for {dim} dimensions")
+        cameras = [c.name for c in self.cameras]
+        if len(set(cameras)) != len(cameras):
+            raise ValueError(f"suite {self.name}: camera names must be distinct, got {cameras}")
+        for camera in self.cameras:
+            _check_image_size(camera.name, (camera.height, camera.width))
+        if self.overview_camera is not None and self.overview_camera not in cameras:
+            raise ValueError(f"suite {self.name}: overview camera {self.overview_camera!r} is not one of its "
+                             f"cameras {cameras}")
 
     @property
     def task_names(self) -> list[str]:
@@ -250,6 +331,42 @@ class Suite:
             raise NoExpertError(f"suite {self.name} has no scripted expert: {self.no_expert_reason}")
         return self.expert_factory(self, task)
 
+    @property
+    def camera_names(self) -> list[str]:
+        return [c.name for c in self.cameras]
+
+    def camera(self, name: str) -> CameraSpec:
+        """The camera called ``name``; the error lists the suite's cameras."""
+        for spec in self.cameras:
+            if spec.name == name:
+                return spec
+        available = ", ".join(self.camera_names) or "none: it is state-only"
+        raise SuiteError(f"suite {self.name} has no camera {name!r}{close_matches(name, self.camera_names)} "
+                         f"(its cameras: {available})")
+
+    def resolve_cameras(self, names_or_sizes: Mapping[str, Sequence[int]] | Sequence[str] | None
+                        ) -> dict[str, tuple[int, int]]:
+        """A camera request as the checked ``{name: (height, width)}`` that ``render_images`` takes.
+
+        ``{"corner": [96, 96]}`` gives each camera its size; ``["corner", "gripper"]``
+        uses the suite's default sizes; ``None``, ``{}`` or ``[]`` means no images.
+        Unknown names and sizes outside [MIN_IMAGE_SIDE, MAX_IMAGE_SIDE] raise ``SuiteError``.
+        """
+        if not names_or_sizes:
+            return {}
+        if isinstance(names_or_sizes, Mapping):
+            resolved = {}
+            for name, size in names_or_sizes.items():
+                self.camera(name)
+                resolved[name] = _check_image_size(name, size)
+            return resolved
+        if isinstance(names_or_sizes, str) or not isinstance(names_or_sizes, Sequence):
+            raise SuiteError(f"suite {self.name}: cameras must be a list of names or a {{name: [height, width]}} "
+                             f"mapping, got {type(names_or_sizes).__name__} {names_or_sizes!r}")
+        if len(set(names_or_sizes)) != len(names_or_sizes):
+            raise SuiteError(f"suite {self.name}: camera names repeat in {list(names_or_sizes)}")
+        return {name: (spec.height, spec.width) for name in names_or_sizes for spec in [self.camera(name)]}
+
     def catalogue_entry(self) -> dict[str, Any]:
         """JSON-ready facts about the suite (no simulator needed)."""
         return {
@@ -264,4 +381,9 @@ class Suite:
             "has_expert": self.has_expert,
             "tasks": [{"name": t.name, "instruction": t.instruction, "max_steps": t.max_steps}
                       for t in self.tasks],
+            "state_names": list(self.state_names),
+            "action_names": list(self.action_names),
+            "cameras": [{"name": c.name, "height": c.height, "width": c.width, "description": c.description}
+                        for c in self.cameras],
+            "overview_camera": self.overview_camera,
         }

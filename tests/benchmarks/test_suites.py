@@ -29,10 +29,9 @@ def play_expert(suite_name: str, task: str, seed: int):
     suite = get_suite(suite_name)
     with suite.make_env(task, seed) as env:
         expert = suite.expert(task)
-        obs = env.reset()
+        env.reset()
         while True:
-            result = env.step(expert(obs))
-            obs = result.obs
+            result = env.step(expert(env.expert_observation()))
             if result.done:
                 return result, env.steps
 
@@ -43,9 +42,9 @@ def play_expert(suite_name: str, task: str, seed: int):
 def test_registry_lists_every_suite():
     names = list_suites()
     assert names == sorted(names)
-    assert len(names) == 50 + 2 + 1
+    assert len(names) == 50 + 2 + 1 + 50 + 1  # MT1 ×50, MT10, MT50, PushT; MT1 and MT10 pixel variants
     assert {"metaworld-mt1-reach", "metaworld-mt1-button-press-topdown-wall", "metaworld-mt10",
-            "metaworld-mt50", "pusht"} <= set(names)
+            "metaworld-mt50", "pusht", "metaworld-mt1-reach-pixels", "metaworld-mt10-pixels"} <= set(names)
     reach = get_suite("metaworld-mt1-reach")
     assert reach.task_names == ["reach-v3"]
     assert (reach.state_dim, reach.action_dim, reach.max_steps("reach-v3")) == (39, 4, 500)
@@ -77,7 +76,7 @@ def test_catalogue_is_json_and_imports_no_simulator():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     result = json.loads(out.stdout)
-    assert result == {"n": 53, "loaded": []}
+    assert result == {"n": 104, "loaded": []}
     entry = next(s for s in catalogue() if s["name"] == "metaworld-mt10")
     json.dumps(entry)
     assert entry["state_dim"] == 39 and entry["action_dim"] == 4 and entry["has_expert"]
