@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
+from websockets.sync.client import connect
 
+from services.protocol.codec import packb, unpackb
+from services.protocol.messages import Metadata
 from services.supervisor import PolicyServerProcess
 from trainer.cli import main as trainer_main
 
 STATE_DIM, ACTION_DIM, CHUNK = 39, 4, 4
 TASKS = ("reach-v3", "push-v3", "pick-place-v3")
+CAMERAS = {"corner": (224, 224), "gripper": (224, 224)}
+"""What ``camera_checkpoint`` declares: a 4-camera observation at this size is the issue's frame-cap case."""
 
 
 def make_checkpoint(out: Path, **overrides: object) -> Path:
@@ -21,6 +27,34 @@ def make_checkpoint(out: Path, **overrides: object) -> Path:
         args += [f"--{key.replace('_', '-')}", str(value)]
     trainer_main(args)
     return out
+
+
+def random_state(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(-1, 1, STATE_DIM).astype(np.float32)
+
+
+def camera_images(seed: int = 0, cameras: dict[str, tuple[int, int]] = CAMERAS) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {name: rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for name, (h, w) in cameras.items()}
+
+
+class RawConnection:
+    """A bare WebSocket to send frames no well-behaved client would."""
+
+    def __init__(self, url: str) -> None:
+        self.ws = connect(url, proxy=None, max_size=None, legacy=True)
+        self.metadata = Metadata.from_wire(unpackb(self.ws.recv(timeout=30)))
+
+    def ask(self, frame: bytes | str) -> dict:
+        self.ws.send(frame)
+        return unpackb(self.ws.recv(timeout=30))
+
+    def infer(self, request_id: int = 1, **obs_changes) -> dict:
+        obs = {"state": random_state(request_id), "task": "reach-v3", **obs_changes}
+        return self.ask(packb({"type": "infer", "request_id": request_id, "obs": obs}))
+
+    def close(self) -> None:
+        self.ws.close()
 
 
 def start_server(checkpoint: Path, log_dir: Path, *args: str, timeout: float = 240) -> PolicyServerProcess:
@@ -44,6 +78,22 @@ def vllm_server(checkpoint, tmp_path_factory):
 def hf_server(checkpoint, tmp_path_factory):
     server = start_server(checkpoint, tmp_path_factory.mktemp("logs"), "--engine", "hf",
                           "--max-frame-bytes", str(1 << 20))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def camera_checkpoint(tmp_path_factory) -> Path:
+    """A random-init policy whose card declares ``CAMERAS`` (`trainer init-policy --cameras ... --image-size`)."""
+    (height, width), = set(CAMERAS.values())
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "policy-cameras", cameras=",".join(CAMERAS),
+                           image_size=f"{height}x{width}")
+
+
+@pytest.fixture(scope="session")
+def camera_server(camera_checkpoint, tmp_path_factory):
+    """The transformers engine serving ``camera_checkpoint`` with the default frame cap."""
+    server = start_server(camera_checkpoint, tmp_path_factory.mktemp("logs"), "--engine", "hf")
     yield server
     server.stop()
 

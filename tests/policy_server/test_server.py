@@ -17,35 +17,19 @@ import httpx
 import msgpack
 import numpy as np
 import pytest
-from websockets.sync.client import connect
 
 from services.protocol.client import AsyncPolicyClient, PolicyClient
 from services.protocol.codec import packb, unpackb
-from services.protocol.messages import PROTOCOL_VERSION, Metadata
-from tests.policy_server.conftest import ACTION_DIM, CHUNK, STATE_DIM, TASKS, start_server
-
-
-def _state(seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).uniform(-1, 1, STATE_DIM).astype(np.float32)
-
-
-class RawConnection:
-    """A bare WebSocket to send frames no well-behaved client would."""
-
-    def __init__(self, url: str) -> None:
-        self.ws = connect(url, proxy=None, max_size=None, legacy=True)
-        self.metadata = Metadata.from_wire(unpackb(self.ws.recv(timeout=30)))
-
-    def ask(self, frame: bytes | str) -> dict:
-        self.ws.send(frame)
-        return unpackb(self.ws.recv(timeout=30))
-
-    def infer(self, request_id: int = 1, **obs_changes) -> dict:
-        obs = {"state": _state(request_id), "task": "reach-v3", **obs_changes}
-        return self.ask(packb({"type": "infer", "request_id": request_id, "obs": obs}))
-
-    def close(self) -> None:
-        self.ws.close()
+from services.protocol.messages import PROTOCOL_VERSION
+from tests.policy_server.conftest import (
+    ACTION_DIM,
+    CHUNK,
+    STATE_DIM,
+    TASKS,
+    RawConnection,
+    random_state,
+    start_server,
+)
 
 
 @pytest.fixture
@@ -61,13 +45,14 @@ def test_handshake_announces_the_policy(raw, checkpoint):
     assert (meta.state_dim, meta.action_dim, meta.chunk_size, meta.tasks) == (STATE_DIM, ACTION_DIM, CHUNK, TASKS)
     assert meta.extra["engine"] == "hf"
     assert meta.policy_name == checkpoint.name
+    assert meta.cameras == {}  # a state-only policy asks for no images
 
 
 def test_answers_match_the_reference(hf_server, reference):
     with PolicyClient(hf_server.ws_url) as client:
         for seed in range(3):
-            reply = client.infer({"state": _state(seed), "task": TASKS[seed]})
-            np.testing.assert_array_equal(reply.actions, reference(_state(seed), TASKS[seed]))
+            reply = client.infer({"state": random_state(seed), "task": TASKS[seed]})
+            np.testing.assert_array_equal(reply.actions, reference(random_state(seed), TASKS[seed]))
             assert reply.timing["engine_ms"] > 0
 
 
@@ -95,9 +80,9 @@ def test_bad_observations_get_an_error_naming_the_field_and_the_connection_stays
     "frame, code, pattern",
     [
         (packb({"type": "infer", "request_id": 1}), "bad_request", "missing the 'obs'"),
-        (packb({"type": "infer", "obs": {"state": _state(0), "task": "reach-v3"}}), "bad_request", "request_id"),
+        (packb({"type": "infer", "obs": {"state": random_state(0), "task": "reach-v3"}}), "bad_request", "request_id"),
         (packb({"type": "infer", "request_id": 1, "protocol_version": 9,
-                "obs": {"state": _state(0), "task": "reach-v3"}}), "protocol_version", "version 9"),
+                "obs": {"state": random_state(0), "task": "reach-v3"}}), "protocol_version", "version 9"),
         (packb({"type": "teleport", "request_id": 1}), "unknown_type", "teleport"),
         (b"\xc1\x00garbage", "bad_frame", "malformed"),
         (packb({"a": 1})[:-1], "bad_frame", "malformed"),
@@ -126,7 +111,7 @@ def test_one_clients_garbage_does_not_affect_another(hf_server, reference):
         async with AsyncPolicyClient(hf_server.ws_url) as client:
             results = []
             for seed in range(5):
-                results.append((seed, (await client.infer({"state": _state(seed), "task": "reach-v3"})).actions))
+                results.append((seed, (await client.infer({"state": random_state(seed), "task": "reach-v3"})).actions))
             return results
 
     async def bad_client():
@@ -140,11 +125,11 @@ def test_one_clients_garbage_does_not_affect_another(hf_server, reference):
         return results
 
     for seed, actions in asyncio.run(main()):
-        np.testing.assert_array_equal(actions, reference(_state(seed), "reach-v3"))
+        np.testing.assert_array_equal(actions, reference(random_state(seed), "reach-v3"))
 
 
 def test_openpi_style_bare_observation_gets_actions(raw, reference):
-    state = _state(11)
+    state = random_state(11)
     reply = raw.ask(packb({"state": state, "prompt": "push-v3"}))
     assert set(reply) == {"actions", "server_timing"}
     np.testing.assert_array_equal(reply["actions"], reference(state, "push-v3"))
@@ -156,7 +141,7 @@ def test_stepwise_requests_are_served_from_the_chunk_cache(raw, hf_server, refer
         return float(next(line.split()[-1] for line in text.splitlines()
                           if line.startswith("evalforge_policy_cached_actions_total")))
 
-    state = _state(21)
+    state = random_state(21)
     chunk = reference(state, "reach-v3")
     before = cached_total()
     rows = []
@@ -175,7 +160,7 @@ def test_stepwise_requests_are_served_from_the_chunk_cache(raw, hf_server, refer
 
 
 def test_http_act_with_msgpack_and_json(hf_server, reference):
-    state = _state(31)
+    state = random_state(31)
     frame = packb({"type": "infer", "request_id": 1, "obs": {"state": state, "task": "reach-v3"}})
     response = httpx.post(f"{hf_server.http_url}/act", content=frame, headers={"content-type": "application/msgpack"})
     assert response.status_code == 200
@@ -224,7 +209,7 @@ def test_sigterm_drains_in_flight_requests_then_exits(checkpoint, tmp_path, refe
 
     async def main():
         async with AsyncPolicyClient(server.ws_url) as client:
-            calls = [asyncio.create_task(client.infer({"state": _state(s), "task": "reach-v3"})) for s in range(24)]
+            calls = [asyncio.create_task(client.infer({"state": random_state(s), "task": "reach-v3"})) for s in range(24)]
             await asyncio.sleep(0.1)  # requests are queued behind the one-at-a-time engine
             server.proc.send_signal(signal.SIGTERM)
             return await asyncio.gather(*calls, return_exceptions=True)
@@ -233,7 +218,7 @@ def test_sigterm_drains_in_flight_requests_then_exits(checkpoint, tmp_path, refe
     assert server.proc.wait(60) == 0
     for seed, result in enumerate(results):
         assert not isinstance(result, BaseException), result
-        np.testing.assert_array_equal(result.actions, reference(_state(seed), "reach-v3"))
+        np.testing.assert_array_equal(result.actions, reference(random_state(seed), "reach-v3"))
     assert "draining" in server.log()
 
 
