@@ -1,6 +1,8 @@
 """`trainer collect-demos`: run a suite's scripted expert and write a LeRobot v3 demonstration dataset.
 
     trainer collect-demos --suite metaworld-mt10 --episodes-per-task 50 --out data/mt10-demos
+    trainer collect-demos --suite metaworld-mt1-reach-pixels --episodes-per-task 50 --out data/reach-px \
+        --cameras corner,gripper --image-size 96
 
 For each task of the suite the expert plays episodes from consecutive seeds S,
 S+1, ... (S = --seed, default 0) until it has --episodes-per-task successful
@@ -13,17 +15,27 @@ Seeds: demonstrations use seeds below ``benchmarks.suite.EVAL_SEED_START``
 no policy is evaluated from an initial state it saw in training. The command
 refuses a seed range that would reach the evaluation seeds.
 
+Cameras: ``--cameras corner,gripper`` records, at every step, the frame each
+camera shows before the expert acts (what a policy would see; ``env.render_images``),
+at the suite's default size or ``--image-size N`` (N × N). ``--image-dtype video``
+(the default) stores them as LeRobot v3 AV1 videos, ``image`` as a PNG per frame in
+the data files (lossless; for small sets). The worker that plays an episode also
+encodes its frames (one encoder thread each), so --workers bounds the encoding too.
+
 Resuming: each attempted episode is saved the moment it ends, as one file per
-(task, seed) under OUT/.collect/ (written atomically). Re-running the command
-skips those and continues; a larger --episodes-per-task extends the dataset.
-The dataset itself (OUT/data, OUT/meta) is then rebuilt from those files in
-(task, seed) order — the first N successful seeds of each task — so its content
-depends on the arguments only, never on worker timing or interruptions. Keep
-OUT/.collect/ to resume or extend later; delete it to save space.
+(task, seed) under the work folder OUT.collect/ beside the dataset (written
+atomically; LeRobot wants nothing but the dataset inside OUT). Re-running the
+command skips those and continues; a larger --episodes-per-task extends the
+dataset. The dataset itself (OUT/data, OUT/meta, OUT/videos) is then rebuilt from
+those files in (task, seed) order — the first N successful seeds of each task — so
+its content depends on the arguments only, never on worker timing or
+interruptions. Keep OUT.collect/ to resume or extend later; delete it to save
+space. A collection made before the work folder moved (OUT/.collect/) is moved
+beside the dataset on the next run, and its dataset rewritten in today's layout.
 
 Work is spread over --workers processes (default: the usable CPU cores), each
 keeping a few simulators alive between episodes. The dataset layout is described
-in trainer/data/lerobot.py.
+in trainer/data/lerobot.py and docs/datasets.md.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ import hashlib
 import json
 import os
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -43,11 +55,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks.registry import EVAL_SEED_START, NoExpertError, Suite, SuiteError, get_suite
-from trainer.data.lerobot import Episode, write_dataset
+from trainer.data.lerobot import EVALFORGE_PATH, IMAGE_DTYPES, CameraFrames, Episode, write_dataset
 
-WORK_DIR = ".collect"
+WORK_SUFFIX = ".collect"  # the work folder is OUT.collect, beside OUT
+OLD_WORK_DIR = ".collect"  # where it was before: inside OUT
 RUN_FILE = "run.json"
-RUN_FORMAT = 1
+RUN_FORMAT = 2  # 2: cameras and image dtype are part of a collection's identity
+# Bumped whenever write_dataset's layout changes, so a resumed collection rewrites its dataset.
+DATASET_LAYOUT = 2
 # Simulators a worker keeps alive: building one costs ~0.1-0.2 s, an episode of MetaWorld
 # ~0.05 s, so rebuilding per episode would dominate; a small bound caps memory on MT50.
 ENVS_PER_WORKER = 4
@@ -65,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="parallel processes (default: usable CPU cores)")
     parser.add_argument("--max-attempts", type=int, default=None, metavar="M",
                         help="seeds to try per task at most (default: max(2N, N + 10))")
+    parser.add_argument("--cameras", default="", metavar="NAMES",
+                        help="comma-separated cameras to record at every step (`python -m benchmarks` lists "
+                             "each suite's); default: none, state only")
+    parser.add_argument("--image-size", type=int, default=None, metavar="N",
+                        help="record N × N frames (default: each camera's default size)")
+    parser.add_argument("--image-dtype", choices=IMAGE_DTYPES, default="video",
+                        help="video: LeRobot v3 AV1 mp4 per camera (default); image: a PNG per frame")
 
 
 @dataclass
@@ -114,13 +136,15 @@ class CollectionReport:
 
 def run(args: argparse.Namespace) -> CollectionReport:
     try:
+        cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
         report = collect_demos(args.suite, args.out, args.episodes_per_task, seed=args.seed,
-                               workers=args.workers, max_attempts=args.max_attempts)
+                               workers=args.workers, max_attempts=args.max_attempts, cameras=cameras,
+                               image_size=args.image_size, image_dtype=args.image_dtype)
     except (SuiteError, CollectionError) as e:
         raise SystemExit(f"trainer collect-demos: {e}") from None
     except KeyboardInterrupt:
         raise SystemExit(f"trainer collect-demos: interrupted; finished episodes are saved in "
-                         f"{args.out / WORK_DIR} — re-run the same command to resume") from None
+                         f"{work_dir(args.out)} — re-run the same command to resume") from None
     return report
 
 
@@ -136,9 +160,16 @@ def collect_demos(
     seed: int = 0,
     workers: int | None = None,
     max_attempts: int | None = None,
+    cameras: Sequence[str] = (),
+    image_size: int | None = None,
+    image_dtype: str = "video",
     show_progress: bool = True,
 ) -> CollectionReport:
-    """Collect, resume or extend a demonstration dataset; see the module docstring."""
+    """Collect, resume or extend a demonstration dataset; see the module docstring.
+
+    ``cameras`` names the cameras to record (``image_size``: N × N frames, else each
+    camera's default size), stored as ``image_dtype`` "video" or "image".
+    """
     from rich.console import Console
 
     out = Path(out)
@@ -162,11 +193,19 @@ def collect_demos(
     workers = workers or _usable_cores()
     if workers < 1:
         raise CollectionError(f"--workers must be at least 1, got {workers}")
+    if image_dtype not in IMAGE_DTYPES:
+        raise CollectionError(f"--image-dtype {image_dtype!r}: choose one of {', '.join(IMAGE_DTYPES)}")
+    if cameras and suite.fps != int(suite.fps):
+        raise CollectionError(f"--suite {suite.name} runs at {suite.fps} steps/s; videos need a whole frame rate")
+    sizes = suite.resolve_cameras({c: (image_size, image_size) for c in cameras} if image_size else list(cameras))
+    if image_size is not None and not cameras:
+        raise CollectionError("--image-size needs --cameras (which cameras to record at that size)")
+    recording = Recording(cameras=sizes, image_dtype=image_dtype if sizes else None)
 
-    work = _prepare_out(out, suite, seed)
+    work = _prepare_out(out, suite, seed, recording)
     console = Console(stderr=True, quiet=not show_progress)
     records = {task: _load_attempts(work, task) for task in suite.task_names}
-    new_attempts = _play_missing(suite, work, records, n, seed, max_attempts, workers, console)
+    new_attempts = _play_missing(suite, work, records, n, seed, max_attempts, workers, console, recording)
 
     selection = {task: [s for s in sorted(records[task])
                         if seed <= s < seed + max_attempts and records[task][s].success][:n]
@@ -177,7 +216,7 @@ def collect_demos(
                               new_attempts=new_attempts)
     if report.episodes == 0:
         raise CollectionError(f"the {suite.name} expert succeeded in none of its attempts; nothing to write")
-    report.rewritten = _write_if_changed(out, work, suite, selection, reports, seed, n, max_attempts)
+    report.rewritten = _write_if_changed(out, work, suite, selection, reports, seed, n, max_attempts, recording)
     _print_report(console, report)
     return report
 
@@ -189,25 +228,61 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _prepare_out(out: Path, suite: Suite, seed: int) -> Path:
-    """Create OUT/.collect (or check that an existing one belongs to this suite and seed)."""
-    work = out / WORK_DIR
+@dataclass(frozen=True)
+class Recording:
+    """What each episode records besides state and action: cameras (name → (height, width)) and their dtype."""
+
+    cameras: dict[str, tuple[int, int]]
+    image_dtype: str | None  # "video" or "image"; None without cameras
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cameras": {name: list(size) for name, size in self.cameras.items()}, "image_dtype": self.image_dtype}
+
+
+def work_dir(out: Path | str) -> Path:
+    """The work folder of the collection whose dataset is ``out``: ``OUT.collect`` beside it."""
+    out = Path(out)
+    return out.with_name(out.name + WORK_SUFFIX)
+
+
+def _prepare_out(out: Path, suite: Suite, seed: int, recording: Recording) -> Path:
+    """Create OUT.collect (or check that an existing one belongs to this suite, seed and recording)."""
+    work = work_dir(out)
+    old = out / OLD_WORK_DIR
+    if old.is_dir() and not work.exists():
+        os.replace(old, work)  # a collection from before the work folder moved out of the dataset
     run_file = work / RUN_FILE
-    this_run = {"format": RUN_FORMAT, "suite": suite.name, "seed": seed}
+    this_run = {"format": RUN_FORMAT, "suite": suite.name, "seed": seed, **recording.to_json()}
     if run_file.is_file():
         previous = json.loads(run_file.read_text())
-        if previous != this_run:
+        previous_recording = {"cameras": previous.get("cameras", {}), "image_dtype": previous.get("image_dtype")}
+        if (previous.get("suite"), previous.get("seed")) != (suite.name, seed):
             raise CollectionError(
                 f"--out {out} holds a collection for suite {previous.get('suite')} from seed "
                 f"{previous.get('seed')}; this run asks for suite {suite.name} from seed {seed}. "
                 "Use the same --suite and --seed to resume, or another --out")
+        if previous_recording != recording.to_json():
+            raise CollectionError(
+                f"--out {out} holds a collection recording {_describe(previous_recording)}; this run asks for "
+                f"{_describe(recording.to_json())}. Use the same --cameras, --image-size and --image-dtype to "
+                "resume, or another --out")
+        if previous != this_run:
+            run_file.write_text(json.dumps(this_run) + "\n")  # format 1 → 2: same collection, new fields
     elif out.exists() and any(out.iterdir()):
-        raise CollectionError(f"--out {out} exists, is not empty and was not written by collect-demos; "
-                              "choose a new directory")
+        raise CollectionError(f"--out {out} exists, is not empty and was not written by collect-demos (no "
+                              f"{work}); choose a new directory")
     else:
         work.mkdir(parents=True, exist_ok=True)
         run_file.write_text(json.dumps(this_run) + "\n")
     return work
+
+
+def _describe(recording: Mapping[str, Any]) -> str:
+    cameras = recording.get("cameras") or {}
+    if not cameras:
+        return "no cameras"
+    sizes = ", ".join(f"{name} {h}x{w}" for name, (h, w) in cameras.items())
+    return f"cameras {sizes} as {recording.get('image_dtype')}"
 
 
 def _shard_path(work: Path, task: str, seed: int) -> Path:
@@ -250,7 +325,7 @@ def _plan(records: dict[int, Attempt], in_flight: set[int], n: int, seed: int, m
 
 
 def _play_missing(suite: Suite, work: Path, records: dict[str, dict[int, Attempt]], n: int, seed: int,
-                  max_attempts: int, workers: int, console: Any) -> int:
+                  max_attempts: int, workers: int, console: Any, recording: Recording) -> int:
     """Play every episode still needed, updating ``records``; return how many were played."""
     from rich.progress import (
         BarColumn,
@@ -287,13 +362,13 @@ def _play_missing(suite: Suite, work: Path, records: dict[str, dict[int, Attempt
         pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=get_context("spawn"))
 
         def submit(task: str, k: int) -> Future:
-            return pool.submit(play_episode, suite.name, task, k, str(_shard_path(work, task, k)))
+            return pool.submit(play_episode, suite.name, task, k, str(_shard_path(work, task, k)), recording)
     else:
         def submit(task: str, k: int) -> Future:
             # Run in this process, when the loop asks for the result (a Future already done).
             future: Future = Future()
             try:
-                future.set_result(play_episode(suite.name, task, k, str(_shard_path(work, task, k))))
+                future.set_result(play_episode(suite.name, task, k, str(_shard_path(work, task, k)), recording))
             except Exception as e:
                 future.set_exception(e)
             return future
@@ -337,8 +412,13 @@ def _play_missing(suite: Suite, work: Path, records: dict[str, dict[int, Attempt
 _WORKER_ENVS: OrderedDict[tuple[str, str], tuple[Any, Any]] = OrderedDict()
 
 
-def play_episode(suite_name: str, task: str, seed: int, shard: str) -> Attempt:
-    """Play one expert episode and save it to ``shard`` (atomically); runs in a worker process."""
+def play_episode(suite_name: str, task: str, seed: int, shard: str,
+                 recording: Recording = Recording({}, None)) -> Attempt:
+    """Play one expert episode and save it to ``shard`` (atomically); runs in a worker process.
+
+    With cameras, the frames seen before each action are rendered, and a successful
+    episode's are encoded here (``CameraFrames.encode``, one encoder thread).
+    """
     key = (suite_name, task)
     if key in _WORKER_ENVS:
         _WORKER_ENVS.move_to_end(key)
@@ -353,8 +433,12 @@ def play_episode(suite_name: str, task: str, seed: int, shard: str) -> Attempt:
     states: list[np.ndarray] = []
     actions: list[np.ndarray] = []
     rewards: list[float] = []
+    frames: dict[str, list[np.ndarray]] = {camera: [] for camera in recording.cameras}
     while True:
-        result = env.step(expert(obs))
+        if recording.cameras:
+            for camera, image in env.render_images(recording.cameras).items():
+                frames[camera].append(image)
+        result = env.step(expert(env.expert_observation()))
         states.append(obs["state"])
         actions.append(result.info["action"])  # the clipped action the simulator applied
         rewards.append(result.reward)
@@ -362,18 +446,53 @@ def play_episode(suite_name: str, task: str, seed: int, shard: str) -> Attempt:
         if result.done:
             break
     attempt = Attempt(task, seed, result.success, len(states))
+    # Failed episodes keep only their outcome: they are counted, never trained on.
+    arrays: dict[str, np.ndarray] = {"success": np.bool_(attempt.success), "length": np.int64(attempt.length)}
+    if attempt.success:
+        arrays |= {"state": np.stack(states), "action": np.stack(actions), "reward": np.asarray(rewards, np.float32)}
+        fps = int(env.suite.fps)
+        for camera, images in frames.items():
+            encoded = CameraFrames.encode(np.stack(images), fps=fps, dtype=recording.image_dtype or "video")
+            arrays |= _camera_arrays(camera, encoded)
+    else:
+        arrays |= {"state": np.zeros((0, 0), np.float32), "action": np.zeros((0, 0), np.float32),
+                   "reward": np.zeros(0, np.float32)}
     path = Path(shard)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
-        # Failed episodes keep only their outcome: they are counted, never trained on.
-        keep = attempt.success
-        np.savez(f, success=np.bool_(attempt.success), length=np.int64(attempt.length),
-                 state=np.stack(states) if keep else np.zeros((0, 0), np.float32),
-                 action=np.stack(actions) if keep else np.zeros((0, 0), np.float32),
-                 reward=np.asarray(rewards, np.float32) if keep else np.zeros(0, np.float32))
+        np.savez(f, **arrays)
     os.replace(tmp, path)
     return attempt
+
+
+def _camera_arrays(camera: str, frames: CameraFrames) -> dict[str, np.ndarray]:
+    """A camera's encoded frames as plain arrays for the episode's .npz (no pickled objects)."""
+    arrays = {f"camera.{camera}.shape": np.array([frames.length, frames.height, frames.width], np.int64),
+              f"camera.{camera}.histogram": frames.histogram,
+              f"camera.{camera}.sampled": np.int64(frames.sampled)}
+    if frames.video is not None:
+        arrays[f"camera.{camera}.video"] = np.frombuffer(frames.video, np.uint8)
+    else:
+        pngs = frames.png or []
+        arrays[f"camera.{camera}.png"] = np.frombuffer(b"".join(pngs), np.uint8)
+        arrays[f"camera.{camera}.png_ends"] = np.cumsum([len(p) for p in pngs]).astype(np.int64)
+    return arrays
+
+
+def _camera_frames(shard: Any, camera: str, path: Path) -> CameraFrames:
+    """What ``_camera_arrays`` saved, back as ``CameraFrames``."""
+    if f"camera.{camera}.shape" not in shard:
+        raise CollectionError(f"{path}: no frames of camera {camera}; the episode was recorded without it — "
+                              "delete the file to replay it")
+    length, height, width = (int(v) for v in shard[f"camera.{camera}.shape"])
+    common = {"height": height, "width": width, "length": length,
+              "histogram": shard[f"camera.{camera}.histogram"], "sampled": int(shard[f"camera.{camera}.sampled"])}
+    if f"camera.{camera}.video" in shard:
+        return CameraFrames(**common, video=shard[f"camera.{camera}.video"].tobytes())
+    blob, ends = shard[f"camera.{camera}.png"].tobytes(), shard[f"camera.{camera}.png_ends"]
+    starts = np.concatenate([[0], ends[:-1]])
+    return CameraFrames(**common, png=[blob[a:b] for a, b in zip(starts, ends, strict=True)])
 
 
 def _task_report(task: str, records: dict[int, Attempt], kept: list[int], seed: int,
@@ -385,25 +504,27 @@ def _task_report(task: str, records: dict[int, Attempt], kept: list[int], seed: 
 
 
 def _write_if_changed(out: Path, work: Path, suite: Suite, selection: dict[str, list[int]],
-                      reports: list[TaskReport], seed: int, n: int, max_attempts: int) -> bool:
-    """Rebuild data/ and meta/ from the saved episodes unless they already hold this selection."""
+                      reports: list[TaskReport], seed: int, n: int, max_attempts: int, recording: Recording) -> bool:
+    """Rebuild data/, meta/ and videos/ from the saved episodes unless they already hold this selection."""
     digest = hashlib.sha256(json.dumps(
-        {"suite": suite.name, "fps": suite.fps, "episodes": [[t, s] for t in suite.task_names for s in selection[t]]},
+        {"suite": suite.name, "fps": suite.fps, "layout": DATASET_LAYOUT, **recording.to_json(),
+         "episodes": [[t, s] for t in suite.task_names for s in selection[t]]},
         sort_keys=True).encode()).hexdigest()
-    info_path = out / "meta" / "info.json"
-    if info_path.is_file():
+    if (out / "meta" / "info.json").is_file() and (out / EVALFORGE_PATH).is_file():
         try:
-            if json.loads(info_path.read_text()).get("evalforge", {}).get("selection_sha256") == digest:
+            if json.loads((out / EVALFORGE_PATH).read_text()).get("selection_sha256") == digest:
                 return False
         except json.JSONDecodeError:
-            pass  # a damaged info.json: rewrite below
+            pass  # a damaged evalforge.json: rewrite below
 
     episodes: list[Episode] = []
     for task in suite.task_names:
         for s in selection[task]:
-            with np.load(_shard_path(work, task, s)) as shard:
+            path = _shard_path(work, task, s)
+            with np.load(path) as shard:
                 episodes.append(Episode(task=task, state=shard["state"], action=shard["action"],
-                                        reward=shard["reward"], success=True, seed=s))
+                                        reward=shard["reward"], success=True, seed=s,
+                                        cameras={c: _camera_frames(shard, c, path) for c in recording.cameras}))
     write_dataset(
         out, episodes, fps=suite.fps, tasks={t.name: t.instruction for t in suite.tasks},
         state_names=suite.state_names, action_names=suite.action_names, robot_type=suite.simulator,
@@ -414,6 +535,7 @@ def _write_if_changed(out: Path, work: Path, suite: Suite, selection: dict[str, 
             "episodes_per_task": n,
             "max_attempts": max_attempts,
             "eval_seed_start": EVAL_SEED_START,
+            **recording.to_json(),
             "expert": {r.task: {"attempts": r.attempts, "successes": r.successes} for r in reports},
             "selection_sha256": digest,
         },

@@ -4,7 +4,8 @@
     torchrun --nproc-per-node 2 -m trainer.cli vla --config configs/vla-mt10.yaml
 
 Behaviour cloning on a LeRobot v3 dataset (``trainer collect-demos`` writes one; a
-dataset recorded by LeRobot in the same layout works too). The data pipeline is
+dataset recorded by LeRobot in the same layout works too). The policy is state-only:
+camera features (``image`` or ``video``) in the dataset are left unread. The data pipeline is
 ``trainer/data/robot.py``: normalisation bounds from ``meta/stats.json``, action chunks of
 ``data.chunk_size``, sequences ``[task, state tokens…, action tokens…]`` with the loss on
 action tokens only, tokenised by ``policy_format`` — the code the policy server prompts with.
@@ -161,7 +162,7 @@ def resolve_suite(cfg: VLAConfig, dataset: DemonstrationDataset) -> Suite | None
     from benchmarks.registry import get_suite
     from trainer.data.lerobot import DatasetError
 
-    name = cfg.data.suite or (dataset.info.get("evalforge") or {}).get("suite")
+    name = cfg.data.suite or dataset.evalforge.get("suite")
     if not name:
         return None
     suite = get_suite(name)  # SuiteError lists close matches

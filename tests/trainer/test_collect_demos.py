@@ -39,11 +39,13 @@ def data_table(root: Path) -> pa.Table:
 def test_layout_info_and_tasks(reach_demos):
     out, report = reach_demos
     assert report.episodes == 2 and report.new_attempts == 2 and report.rewritten
-    for rel in ("meta/info.json", "meta/stats.json", "meta/tasks.jsonl",
+    for rel in ("meta/info.json", "meta/stats.json", "meta/tasks.parquet", "meta/evalforge.json",
                 "meta/episodes/chunk-000/file-000.parquet", "data/chunk-000/file-000.parquet"):
         assert (out / rel).is_file(), rel
     info = json.loads((out / "meta/info.json").read_text())
-    assert info["codebase_version"] == "v3.0" and info["fps"] == 80.0
+    assert info["codebase_version"] == "v3.0" and info["fps"] == 80 and isinstance(info["fps"], int)
+    assert info["data_files_size_in_mb"] > 0 and info["video_files_size_in_mb"] > 0
+    assert not (out / ".collect").exists() and (out.parent / "reach.collect" / "run.json").is_file()
     assert info["total_episodes"] == 2 and info["total_tasks"] == 1
     assert info["data_path"] == "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
     feats = info["features"]
@@ -53,13 +55,15 @@ def test_layout_info_and_tasks(reach_demos):
                                "names": ["hand_dx", "hand_dy", "hand_dz", "gripper_effort"]}
     for name in ("timestamp", "frame_index", "episode_index", "index", "task_index"):
         assert feats[name]["shape"] == [1]
-    assert info["evalforge"]["suite"] == REACH and info["evalforge"]["expert"]["reach-v3"]["successes"] == 2
-    tasks = [json.loads(line) for line in (out / "meta/tasks.jsonl").read_text().splitlines()]
-    assert tasks == [{"task_index": 0, "task": "reach-v3", "instruction": "reach the goal position"}]
+    evalforge = json.loads((out / "meta/evalforge.json").read_text())
+    assert evalforge["suite"] == REACH and evalforge["expert"]["reach-v3"]["successes"] == 2
+    assert evalforge["task_names"] == {"reach the goal position": "reach-v3"}
+    tasks = pq.read_table(out / "meta/tasks.parquet").to_pydict()
+    assert tasks == {"task_index": [0], "task": ["reach the goal position"]}  # the text a policy reads
 
     episodes = pq.read_table(out / "meta/episodes/chunk-000/file-000.parquet").to_pylist()
     assert [(e["episode_index"], e["tasks"], e["seed"], e["success"]) for e in episodes] == [
-        (0, ["reach-v3"], 0, True), (1, ["reach-v3"], 1, True)]
+        (0, ["reach the goal position"], 0, True), (1, ["reach the goal position"], 1, True)]
     assert episodes[0]["dataset_from_index"] == 0
     assert episodes[0]["dataset_to_index"] == episodes[1]["dataset_from_index"] == episodes[0]["length"]
     assert info["total_frames"] == episodes[1]["dataset_to_index"]
@@ -120,7 +124,8 @@ def test_resume_after_interruption_and_extend(tmp_path, reach_demos):
     out = tmp_path / "reach"
     shutil.copytree(done, out)
     # As if killed after the first episode: one saved attempt, no dataset yet.
-    (out / ".collect/reach-v3/seed-0000001.npz").unlink()
+    shutil.copytree(cd.work_dir(done), cd.work_dir(out))
+    (cd.work_dir(out) / "reach-v3/seed-0000001.npz").unlink()
     shutil.rmtree(out / "data")
     shutil.rmtree(out / "meta")
     report = collect_demos(REACH, out, 2, workers=1, show_progress=False)
@@ -144,6 +149,7 @@ def test_cli_arguments(tmp_path, reach_demos):
     cd.add_arguments(parser)
     out = tmp_path / "cli"
     shutil.copytree(done, out)
+    shutil.copytree(cd.work_dir(done), cd.work_dir(out))
     args = parser.parse_args(["--suite", REACH, "--episodes-per-task", "2", "--out", str(out), "--workers", "1"])
     report = cd.run(args)
     assert report.new_attempts == 0
@@ -226,11 +232,11 @@ def test_plan_attempts_the_shortest_seed_prefix():
 @pytest.fixture
 def dataset_copy(tmp_path, reach_demos) -> Path:
     out = tmp_path / "copy"
-    shutil.copytree(reach_demos[0], out, ignore=shutil.ignore_patterns(".collect"))
+    shutil.copytree(reach_demos[0], out)
     return out
 
 
-@pytest.mark.parametrize("missing", ["meta/info.json", "meta/stats.json", "meta/tasks.jsonl"])
+@pytest.mark.parametrize("missing", ["meta/info.json", "meta/stats.json", "meta/tasks.parquet"])
 def test_refuses_missing_metadata(dataset_copy, missing):
     (dataset_copy / missing).unlink()
     with pytest.raises(DatasetError, match=f"{missing}: missing"):
@@ -307,15 +313,25 @@ def test_writer_splits_and_round_trips(tmp_path, monkeypatch):
         np.testing.assert_array_equal(ep.action, orig.action)
 
 
-def test_reads_lerobot_tasks_parquet_in_place_of_tasks_jsonl(dataset_copy):
-    """LeRobot's own v3 writer keeps tasks in meta/tasks.parquet with the text as pandas index."""
-    original = DemonstrationDataset(dataset_copy)
-    jsonl = dataset_copy / "meta" / "tasks.jsonl"
-    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    jsonl.unlink()
-    pq.write_table(pa.table({"task_index": [r["task_index"] for r in rows],
-                             "__index_level_0__": [r["task"] for r in rows]}),
-                   dataset_copy / "meta" / "tasks.parquet")
-    again = DemonstrationDataset(dataset_copy)
-    assert again.tasks == original.tasks
-    assert [e.task for e in again.episodes] == [e.task for e in original.episodes]
+def test_old_collection_inside_the_dataset_moves_beside_it_and_is_rewritten(tmp_path):
+    """A collection made before #17 (tests/data/written-by-evalforge-650ce7c: OUT/.collect, tasks.jsonl,
+    info.json's "evalforge") stays readable, and resuming it moves the work folder out and rewrites the dataset."""
+    old = Path(__file__).parents[1] / "data" / "written-by-evalforge-650ce7c"
+    before = DemonstrationDataset(old)
+    assert before.tasks == ["reach-v3"] and before.evalforge["suite"] == REACH and len(before) == 2
+    out = tmp_path / "old"
+    shutil.copytree(old, out)
+    report = collect_demos(REACH, out, 2, workers=1, show_progress=False)
+    assert report.new_attempts == 0 and report.rewritten
+    assert not (out / ".collect").exists() and (cd.work_dir(out) / "reach-v3/seed-0000000.npz").is_file()
+    assert not (out / "meta/tasks.jsonl").exists() and (out / "meta/tasks.parquet").is_file()
+    after = DemonstrationDataset(out)
+    assert after.tasks == before.tasks and after.instructions == {"reach-v3": "reach the goal position"}
+    for a, b in zip(after, before, strict=True):
+        np.testing.assert_array_equal(a.state, b.state)
+        np.testing.assert_array_equal(a.action, b.action)
+
+
+def test_a_resume_with_other_cameras_is_refused(reach_demos):
+    with pytest.raises(CollectionError, match=r"recording no cameras; this run asks for cameras corner 96x96"):
+        collect_demos(REACH, reach_demos[0], 2, workers=1, show_progress=False, cameras=["corner"])
