@@ -1,8 +1,12 @@
 """Codec benchmark: our pure-Python msgpack codec against openpi-client's own, side by side.
 
-Two payloads, as the protocol issue specifies:
+Three payloads:
   (a) a state observation: 39 float32 + a task name;
-  (b) two 224x224x3 uint8 images plus the state.
+  (b) a 2-camera observation: two 224x224x3 uint8 images (``corner``, ``gripper``) plus the state;
+  (c) (b) as a whole infer request through the message layer too: ours is ``InferRequest.to_wire``
+      (its client-side image checks) + ``packb``, then ``unpackb`` + ``parse_request`` holding the
+      images to the policy's cameras (``Observation.check_images``), as client and server do;
+      openpi-client's codec encodes and decodes the same request dict (it has no message layer).
 Codecs: ``evalforge`` (``services.protocol.codec``, every check of the protocol on),
 ``openpi-client`` (``openpi_client.msgpack_numpy`` from PyPI, the codec openpi's clients and
 servers use; its frames are byte-identical to ours), "plain msgpack" (the arrays as raw bytes, no
@@ -36,18 +40,34 @@ from openpi_client import msgpack_numpy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from services.protocol.codec import packb, unpackb  # noqa: E402
+from services.protocol.messages import InferRequest, Observation, parse_request  # noqa: E402
 
 OURS, OPENPI = "evalforge", "openpi-client"
+OURS_MESSAGES = "evalforge + messages"
+CAMERAS = {"corner": (224, 224), "gripper": (224, 224)}
 
 
 def _payloads() -> dict[str, dict]:
     rng = np.random.default_rng(0)
     state = rng.standard_normal(39).astype(np.float32)
-    images = {name: rng.integers(0, 255, (224, 224, 3), dtype=np.uint8) for name in ("top", "wrist")}
+    images = {name: rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for name, (h, w) in CAMERAS.items()}
     return {
         "(a) state obs": {"state": state, "task": "reach-v3"},
-        "(b) 2 images + state": {"state": state, "task": "reach-v3", "images": images},
+        "(b) 2 cameras 224² + state": {"state": state, "task": "reach-v3", "images": images},
     }
+
+
+REQUEST_PAYLOAD = "(c) infer request, 2 cameras 224²"
+
+
+def _request_codecs() -> tuple[dict[str, tuple[Callable, Callable]], InferRequest]:
+    """(c): our message layer + codec, and openpi-client's codec on the same request dict."""
+    obs = _payloads()["(b) 2 cameras 224² + state"]
+    request = InferRequest(1, Observation(obs["state"], obs["task"], obs["images"]), episode_id="e", step=3)
+    return {
+        OURS_MESSAGES: (lambda r: packb(r.to_wire()), lambda f: parse_request(unpackb(f), CAMERAS)),
+        OPENPI: (lambda r: msgpack_numpy.packb(r.to_wire()), msgpack_numpy.unpackb),
+    }, request
 
 
 def _raw(obj):
@@ -122,6 +142,21 @@ def run(rounds: int, loop_s: float) -> list[dict]:
                          "encode_us": times[codec_name, "encode"] * 1e6, "decode_us": times[codec_name, "decode"] * 1e6,
                          "roundtrip_us": times[codec_name, "roundtrip"] * 1e6,
                          "decode_GBps": size / times[codec_name, "decode"] / 1e9})
+    codecs, request = _request_codecs()
+    fns, frames = {}, {}
+    for codec_name, (encode, decode) in codecs.items():
+        frame = frames[codec_name] = encode(request)
+        fns[codec_name, "encode"] = lambda e=encode: e(request)
+        fns[codec_name, "decode"] = lambda d=decode, f=frame: d(f)
+        fns[codec_name, "roundtrip"] = lambda e=encode, d=decode: d(e(request))
+    assert frames[OURS_MESSAGES] == frames[OPENPI], "our request frame and openpi-client's differ"
+    times = _interleaved(fns, rounds, loop_s)
+    for codec_name in codecs:
+        size = len(frames[codec_name])
+        rows.append({"payload": REQUEST_PAYLOAD, "codec": codec_name, "bytes": size,
+                     "encode_us": times[codec_name, "encode"] * 1e6, "decode_us": times[codec_name, "decode"] * 1e6,
+                     "roundtrip_us": times[codec_name, "roundtrip"] * 1e6,
+                     "decode_GBps": size / times[codec_name, "decode"] / 1e9})
     return rows
 
 
@@ -146,12 +181,12 @@ def main() -> None:
     by = {(r["payload"], r["codec"]): r for r in rows}
     payloads = list(_payloads())
     print()
-    print(f"| payload | {OPENPI} ÷ {OURS}: encode | decode | round trip | faster on all three |")
+    print(f"| payload | {OPENPI} ÷ ours: encode | decode | round trip | faster on all three |")
     print("|---|---:|---:|---:|:-:|")
-    for payload in payloads:
-        ours, theirs = by[payload, OURS], by[payload, OPENPI]
+    for payload, ours_name in [*((p, OURS) for p in payloads), (REQUEST_PAYLOAD, OURS_MESSAGES)]:
+        ours, theirs = by[payload, ours_name], by[payload, OPENPI]
         ratios = [theirs[k] / ours[k] for k in ("encode_us", "decode_us", "roundtrip_us")]
-        print(f"| {payload} | {ratios[0]:.2f}× | {ratios[1]:.2f}× | {ratios[2]:.2f}× | "
+        print(f"| {payload} ({ours_name}) | {ratios[0]:.2f}× | {ratios[1]:.2f}× | {ratios[2]:.2f}× | "
               f"{'yes' if min(ratios) > 1 else 'NO'} |")
     a, b = payloads
     ratio_a = by[a, OURS]["roundtrip_us"] / by[a, "plain msgpack (raw bytes)"]["roundtrip_us"]
