@@ -89,3 +89,16 @@ def test_init_policy_refuses_bad_cameras_before_writing_anything(tmp_path, capsy
     assert exit_.value.code != 0
     assert re.search(message, str(exit_.value.code) + capsys.readouterr().err)
     assert not out.exists()
+
+
+def test_init_policy_takes_a_suites_cameras_at_their_default_size_or_the_one_given(tmp_path):
+    from policy_format import load_checkpoint
+
+    args = ["init-policy", "--suite", "metaworld-mt1-reach", "--layers", "1"]
+    main([*args, "--out", str(tmp_path / "default"), "--cameras", "corner,gripper"])
+    assert load_checkpoint(tmp_path / "default").card.camera_sizes == {"corner": (96, 96), "gripper": (96, 96)}
+    main([*args, "--out", str(tmp_path / "sized"), "--cameras", "gripper", "--image-size", "128x64"])
+    assert load_checkpoint(tmp_path / "sized").card.camera_sizes == {"gripper": (128, 64)}
+    with pytest.raises(SystemExit, match="has no camera 'top' .*its cameras: corner, gripper"):
+        main([*args, "--out", str(tmp_path / "bad"), "--cameras", "top"])
+    assert not (tmp_path / "bad").exists()
