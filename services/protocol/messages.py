@@ -121,6 +121,9 @@ class InvalidImage(InvalidObservation):
         super().__init__(message)
         self.camera = camera
 
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:  # pickles whole (a worker's error may cross processes)
+        return InvalidImage, (self.camera, str(self))
+
 
 def _camera_label(name: object) -> str:
     """A camera name as an error quotes it: a peer's key may be anything, so at most 64 characters."""
@@ -134,11 +137,16 @@ def _describe(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
+def _shape_ok(image: np.ndarray, expected: tuple[int, int] | None) -> bool:
+    if expected is not None:
+        return image.shape == (expected[0], expected[1], 3)
+    return image.ndim == 3 and image.shape[2] == 3 and 0 not in image.shape
+
+
 def _check_image(camera: str, image: object, expected: tuple[int, int] | None) -> None:
     """Raise ``InvalidImage`` unless ``image`` is uint8 [H, W, 3], C-contiguous (and [h, w, 3] when expected)."""
-    if isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.flags.c_contiguous and (
-            image.shape == (expected[0], expected[1], 3) if expected is not None
-            else image.ndim == 3 and image.shape[2] == 3 and 0 not in image.shape):
+    if (isinstance(image, np.ndarray) and image.dtype == np.uint8 and image.flags.c_contiguous
+            and _shape_ok(image, expected)):
         return  # (the messages below are built only for a bad image: this runs for every image sent)
     want = "uint8 [H, W, 3]" if expected is None else f"uint8 [{expected[0]}, {expected[1]}, 3]"
     label = _camera_label(camera)
@@ -147,8 +155,7 @@ def _check_image(camera: str, image: object, expected: tuple[int, int] | None) -
     if image.dtype != np.uint8:
         raise InvalidImage(camera, f"image of camera {label} must be {want}, got {_describe(image)}; images are "
                                    "never converted (a float image is refused, not rescaled): send uint8 0-255")
-    if expected is not None and image.shape != (expected[0], expected[1], 3) or expected is None and not (
-            image.ndim == 3 and image.shape[2] == 3 and 0 not in image.shape):
+    if not _shape_ok(image, expected):
         fix = f"render it at {expected[0]}x{expected[1]} RGB" if expected is not None else "send RGB height x width x 3"
         raise InvalidImage(camera, f"image of camera {label} must be {want}, got {_describe(image)}; {fix}")
     raise InvalidImage(camera, f"image of camera {label} must be a C-contiguous {want} array, got a strided "

@@ -3,6 +3,8 @@ handshake and images in observations; the frame cap with camera-sized observatio
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -261,8 +263,10 @@ def test_to_wire_refuses_images_the_protocol_does_not_carry_before_anything_is_s
     assert caught.value.camera == "corner"
 
 
-def test_invalid_image_has_its_own_error_code():
+def test_invalid_image_has_its_own_error_code_and_pickles_with_its_camera():
     assert ErrorCode.INVALID_IMAGE == "invalid_image"
+    error = pickle.loads(pickle.dumps(InvalidImage("corner", "image of camera 'corner' is missing")))
+    assert (error.camera, str(error)) == ("corner", "image of camera 'corner' is missing")
 
 
 def test_a_four_camera_224_observation_fits_the_default_frame_cap():
