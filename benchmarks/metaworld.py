@@ -47,6 +47,10 @@ are switched off: in software they cost ~90% of a frame. Physics is untouched,
 so a rendered episode plays exactly like an unrendered one, and the same seed and
 actions give byte-identical frames (one renderer, one build).
 
+Mesa's llvmpipe and triton (which torch imports) each carry an LLVM; whichever loads
+second crashes the process if it is triton, so the first renderer of a process imports
+triton first when it is installed (``_import_triton_before_mesa``).
+
 OpenGL backend: MuJoCo picks it once, when ``mujoco`` is first imported, from
 ``MUJOCO_GL`` (and PyOpenGL binds its platform at the same moment), so it cannot
 be switched when a context later fails to come up. When ``MUJOCO_GL`` is unset and
@@ -65,7 +69,9 @@ suite catalogue stays cheap to read.
 from __future__ import annotations
 
 import ctypes.util
+import importlib.util
 import os
+import sys
 import warnings
 import zlib
 from typing import Any
@@ -186,6 +192,38 @@ PIXEL_STATE_NAMES: tuple[str, ...] = STATE_NAMES[:-3]
 ACTION_NAMES: tuple[str, ...] = ("hand_dx", "hand_dy", "hand_dz", "gripper_effort")
 
 
+def _import_triton_before_mesa() -> None:
+    """Import triton (when installed) before the first OpenGL context loads Mesa.
+
+    Mesa's software rasteriser (llvmpipe, behind EGL and OSMesa) loads its libLLVM with
+    RTLD_GLOBAL, and triton's libtriton.so, which carries its own LLVM, then binds to those
+    symbols and crashes the process (SIGSEGV) when it is imported later — as torch does on
+    ``import torch._dynamo`` (measured: triton 3.9, Mesa with LLVM 15). Imported first, its LLVM
+    stays private. Costs ~0.1 s once per process.
+    """
+    if "triton" in sys.modules or importlib.util.find_spec("triton") is None:
+        return
+    try:
+        import triton  # noqa: F401
+    except Exception:  # a triton that cannot import here cannot be imported later either: nothing to protect
+        pass
+
+
+def _no_context_advice(exc: Exception) -> str:
+    """Why MuJoCo made no OpenGL context (``exc``), with the backend it really uses and the fix."""
+    import mujoco
+
+    # The backend MuJoCo bound at its import (its GLContext class lives in mujoco.egl, mujoco.osmesa,
+    # mujoco.glfw, ...), which is not MUJOCO_GL's value when MuJoCo was imported before it was set.
+    backend = mujoco.gl_context.GLContext.__module__.rsplit(".", 1)[-1]
+    requested = os.environ.get("MUJOCO_GL", "")
+    late = (f"MuJoCo was imported before MUJOCO_GL={requested} took effect, so it uses {backend}; "
+            if requested and requested.lower() != backend else "")
+    return (f"MuJoCo cannot make an offscreen OpenGL context with its {backend} backend "
+            f"({type(exc).__name__}: {exc}); {late}install Mesa's EGL (libegl1) or OSMesa (libosmesa6) and start "
+            "the process with MUJOCO_GL=egl or MUJOCO_GL=osmesa in its environment (MuJoCo reads it once, at import)")
+
+
 def _task_rng(task: str, seed: int) -> np.random.Generator:
     """The generator MetaWorld draws the initial state from, for one (task, seed)."""
     return np.random.default_rng([zlib.crc32(task.encode()), seed])
@@ -252,6 +290,7 @@ class MetaWorldEnv(EpisodeEnv):
     def _renderer(self, height: int, width: int) -> Any:
         renderer = self._renderers.get((height, width))
         if renderer is None:
+            _import_triton_before_mesa()
             import mujoco
 
             model = self._env.model
@@ -261,12 +300,7 @@ class MetaWorldEnv(EpisodeEnv):
             try:
                 renderer = mujoco.Renderer(model, height=height, width=width)
             except Exception as exc:  # what each backend raises without a display or a GL library varies
-                backend = os.environ.get("MUJOCO_GL", "glfw")
-                raise RenderingUnavailable(
-                    f"{self.suite.name}/{self.task}: MuJoCo cannot make an offscreen OpenGL context with "
-                    f"MUJOCO_GL={backend} ({type(exc).__name__}: {exc}); install Mesa's EGL (libegl1) or "
-                    "OSMesa (libosmesa6) and start the process with MUJOCO_GL=egl or MUJOCO_GL=osmesa "
-                    "(MuJoCo reads it once, at import)") from exc
+                raise RenderingUnavailable(f"{self.suite.name}/{self.task}: {_no_context_advice(exc)}") from exc
             self._renderers[(height, width)] = renderer
         return renderer
 

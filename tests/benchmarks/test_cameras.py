@@ -3,6 +3,9 @@ pixel suites whose state hides the goal, and state-only episodes that render not
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Mapping
 
 import numpy as np
@@ -269,3 +272,39 @@ def test_every_metaworld_task_has_the_mujoco_cameras_we_render():
             assert wanted <= {model.camera(i).name for i in range(model.ncam)}, task
         finally:
             env.close()
+
+
+def test_rendering_without_a_context_names_the_backend_and_the_fix():
+    # MuJoCo imported before benchmarks.metaworld could choose a headless backend: it binds GLFW,
+    # which needs a display this process does not have.
+    code = (
+        "import mujoco\n"
+        "from benchmarks.registry import get_suite\n"
+        "env = get_suite('metaworld-mt1-reach').make_env('reach-v3'); env.reset()\n"
+        "try:\n"
+        "    env.render_images({'corner': (32, 32)})\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY", "PYOPENGL_PLATFORM")}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, env=environment,
+                         timeout=120).stdout
+    assert out.startswith("RenderingUnavailable metaworld-mt1-reach/reach-v3: MuJoCo cannot make an offscreen "
+                          "OpenGL context with its glfw backend"), out
+    assert "imported before MUJOCO_GL=" in out and "MUJOCO_GL=osmesa" in out, out
+
+
+def test_a_process_that_rendered_can_still_import_triton():
+    # Mesa's llvmpipe loads its LLVM globally; a triton imported after it crashed the process.
+    pytest.importorskip("triton")
+    code = (
+        "from benchmarks.registry import get_suite\n"
+        "with get_suite('metaworld-mt1-reach').make_env('reach-v3') as env:\n"
+        "    env.reset(); env.render_images({'corner': (32, 32)})\n"
+        "import triton\n"
+        "print('imported')\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "imported", (result.returncode, result.stderr[-2000:])
