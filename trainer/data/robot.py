@@ -19,7 +19,7 @@ bounds fall into the edge bins.
 **Binning, token layout and sequences** are ``policy_format``'s, the very code the policy
 server prompts with: :func:`dataset_card` gives the policy's :class:`~policy_format.PolicyCard`
 (the packed :class:`~policy_format.TokenLayout`: state bins, then action bins, then one
-token per task in the dataset's ``meta/tasks.jsonl`` order), and every batch is built by
+token per task in the dataset's task order), and every batch is built by
 :meth:`policy_format.PolicyTokenizer.sequence`. A sample is frame ``t`` of an episode of
 length ``T``::
 
