@@ -216,8 +216,11 @@ class EvalForgeClient:
 
     def submit_evaluation(self, policy_id: int, suite: str, episodes_per_task: int, *, seed: int = 0,
                           tasks: list[str] | None = None, max_steps: int | None = None,
-                          tags: list[str] | None = None, idempotency_key: str | None = None) -> EvaluationDetail:
+                          tags: list[str] | None = None, idempotency_key: str | None = None,
+                          cameras: dict[str, tuple[int, int]] | None = None) -> EvaluationDetail:
         """Start an evaluation; returns its report (status ``pending``).
+
+        ``cameras`` (``{camera: (height, width)}``) overrides the cameras the policy asks for.
 
         With ``idempotency_key``, a retry of the same request returns the same evaluation
         instead of starting a second one.
@@ -230,6 +233,8 @@ class EvalForgeClient:
             body["max_steps"] = max_steps
         if tags is not None:
             body["tags"] = list(tags)
+        if cameras is not None:
+            body["cameras"] = {name: list(size) for name, size in cameras.items()}
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
         return EvaluationDetail.model_validate(
             self._request("POST", "/evaluations", json=body, headers=headers).json())

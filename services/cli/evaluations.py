@@ -38,6 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     submit_parser.add_argument("--max-steps", type=positive_int, metavar="N",
                                help="step limit per episode, at most each task's own (default: the task's)")
     submit_parser.add_argument("--tag", dest="tags", action="append", metavar="TAG", help="a label (repeatable)")
+    submit_parser.add_argument("--camera", dest="cameras", action="append", type=camera_option,
+                               metavar="NAME[=HxW]", help=(
+                                   "render this camera of the suite for the policy (repeatable; default size: "
+                                   "the suite's); default: the cameras the policy asks for"))
     submit_parser.add_argument("--idempotency-key", metavar="KEY",
                                help="retry-safe submission: the same key and request return the same evaluation")
     add_watch_options(submit_parser)
@@ -76,13 +80,39 @@ def _watch(args: argparse.Namespace, client: EvalForgeClient, evaluation_id: int
     return watch_with_progress(client, evaluation_id, poll_s=args.poll_s, timeout_s=args.watch_timeout_s)
 
 
+def camera_option(value: str) -> tuple[str, tuple[int, int] | None]:
+    """``NAME`` or ``NAME=HxW`` (e.g. ``corner=96x96``) → (name, size or None for the suite's default)."""
+    name, _, size = value.partition("=")
+    if not name:
+        raise argparse.ArgumentTypeError(f"--camera {value!r}: give a camera name, e.g. corner or corner=96x96")
+    if not size:
+        return name, None
+    height, _, width = size.lower().partition("x")
+    if not (height.isdigit() and width.isdigit()):
+        raise argparse.ArgumentTypeError(f"--camera {value!r}: the size must be HEIGHTxWIDTH in pixels, e.g. "
+                                         f"{name}=96x96")
+    return name, (int(height), int(width))
+
+
+def _camera_sizes(client: EvalForgeClient, suite: str,
+                  cameras: list[tuple[str, tuple[int, int] | None]]) -> dict[str, tuple[int, int]]:
+    """Sizes for ``--camera`` values: a name alone gets the suite's default size (``GET /suites``); a
+    name the suite lacks is passed on for the API to refuse with the list of its cameras."""
+    defaults: dict[str, tuple[int, int]] = {}
+    if any(size is None for _, size in cameras):
+        entry = next((s for s in client.suites() if s.name == suite), None)
+        defaults = {c.name: (c.height, c.width) for c in entry.cameras} if entry is not None else {}
+    return {name: size or defaults.get(name, (96, 96)) for name, size in cameras}
+
+
 def submit(args: argparse.Namespace, client: EvalForgeClient) -> int:
     from services.cli.render import print_json, print_results, stdout_console
 
     policy = client.resolve_policy(args.policy)
+    cameras = None if args.cameras is None else _camera_sizes(client, args.suite, args.cameras)
     report = client.submit_evaluation(policy.id, args.suite, args.episodes_per_task, seed=args.seed,
                                       tasks=args.tasks, max_steps=args.max_steps, tags=args.tags,
-                                      idempotency_key=args.idempotency_key)
+                                      idempotency_key=args.idempotency_key, cameras=cameras)
     if not args.json:
         print(f"submitted evaluation {report.id}: {report.policy.label} on {report.suite}, "
               f"{report.episodes_total} episodes ({len(report.tasks)} tasks × {report.episodes_per_task})"

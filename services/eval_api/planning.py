@@ -45,6 +45,7 @@ class EvaluationPlan:
     tasks: list[str]
     episodes: list[EpisodeSpec]
     standard: bool
+    cameras: dict[str, list[int]]
 
 
 def plan_evaluation(request: EvaluationCreate, policy: Policy, *, max_episodes: int) -> EvaluationPlan:
@@ -89,4 +90,32 @@ def plan_evaluation(request: EvaluationCreate, policy: Policy, *, max_episodes: 
                             max_steps=request.max_steps or limits[task])
                 for task in tasks for i in range(request.episodes_per_task)]
     standard = set(tasks) == set(limits) and all(spec.max_steps == limits[spec.task] for spec in episodes)
-    return EvaluationPlan(tasks=tasks, episodes=episodes, standard=standard)
+    return EvaluationPlan(tasks=tasks, episodes=episodes, standard=standard,
+                          cameras=plan_cameras(request, policy, suite))
+
+
+def plan_cameras(request: EvaluationCreate, policy: Policy, suite: dict[str, Any]) -> dict[str, list[int]]:
+    """The cameras the evaluation renders: the request's, else those the policy's handshake asks for.
+
+    Every one must be a camera of the suite; a policy that declares cameras must get each of
+    them at its own size (its server refuses any other image), so an override may only add.
+    """
+    available = {camera["name"]: camera for camera in suite.get("cameras", [])}
+    wanted = {name: list(size) for name, size in (policy.cameras or {}).items()}
+    chosen = {name: list(size) for name, size in
+              (request.cameras if request.cameras is not None else wanted).items()}
+    unknown = [name for name in chosen if name not in available]
+    if unknown:
+        offer = (f"its cameras are {', '.join(available)}" if available
+                 else "it renders no cameras (a state-only suite)")
+        raise ApiError(422, "unknown_camera",
+                       f"suite {suite['name']} has no camera {unknown[0]!r}{close_matches(unknown[0], list(available))}"
+                       f"; {offer}", {"unknown_cameras": unknown, "cameras": list(available)})
+    mismatched = {name: size for name, size in wanted.items() if chosen.get(name) != size}
+    if mismatched:
+        asked = ", ".join(f"{name} at {h}×{w}" for name, (h, w) in mismatched.items())
+        raise ApiError(422, "incompatible_policy",
+                       f"policy {policy.id} ({policy.name}) asks for camera(s) {asked} and its server refuses "
+                       "any other image; leave `cameras` out to use the policy's own, or include those",
+                       {"policy_cameras": wanted})
+    return chosen

@@ -79,6 +79,10 @@ Endpoint = Annotated[str, StringConstraints(min_length=6, max_length=2000, patte
                      AfterValidator(_printable_text), AfterValidator(_no_bidi_controls),
                      AfterValidator(_no_credentials)]
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
+CameraName = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+CameraSize = Annotated[list[Annotated[int, Field(ge=16, le=1024)]], Field(min_length=2, max_length=2)]
+Cameras = Annotated[dict[CameraName, CameraSize], Field(max_length=16)]
+"""``{camera: [height, width]}``: what a policy asks to see, what an evaluation renders."""
 
 
 class _Request(BaseModel):
@@ -142,7 +146,15 @@ class PolicySummary(_PolicyLabel, _Response):
     action_dim: int
     chunk_size: int
     task_count: int = Field(description="How many tasks the policy server announced.")
+    cameras: dict[str, list[int]] = Field(default_factory=dict, description=(
+        "`{camera: [height, width]}` the server's handshake asks for; empty for a state-only policy."))
     created_at: datetime
+
+    @field_validator("cameras", mode="before")
+    @classmethod
+    def _no_cameras(cls, cameras: Any) -> Any:
+        """Rows written before cameras were recorded hold NULL: state only."""
+        return {} if cameras is None else cameras
 
     @model_validator(mode="before")
     @classmethod
@@ -192,6 +204,10 @@ class EvaluationCreate(_Request):
     max_steps: int | None = Field(None, ge=1, le=1_000_000,
                                   description="Step limit per episode, at most each task's own; default: the task's.")
     tags: list[Tag] = Field(default_factory=list, max_length=20, description="Labels to filter listings by.")
+    cameras: Cameras | None = Field(None, description=(
+        "`{camera: [height, width]}` to render and send at each inference step, from the suite's cameras "
+        "(`GET /suites/{name}`); default: the cameras the policy's handshake asks for. A policy that "
+        "declares cameras must get those, at its sizes."))
 
     @field_validator("tasks")
     @classmethod
@@ -237,6 +253,8 @@ class EvaluationOut(_Response):
     seed: int
     max_steps: int | None
     standard: bool = Field(description="Every task of the suite at its standard step limits (leaderboard-eligible).")
+    cameras: dict[str, list[int]] = Field(default_factory=dict, description=(
+        "`{camera: [height, width]}` the workers rendered and sent to the policy; empty: state only."))
     tags: list[str]
     status: EvaluationStatus
     episodes_total: int
@@ -245,6 +263,12 @@ class EvaluationOut(_Response):
     finished_at: datetime | None
     cancelled_at: datetime | None
     success_rate: float | None = Field(description="Final success rate (set once the evaluation is finalised).")
+
+    @field_validator("cameras", mode="before")
+    @classmethod
+    def _no_cameras(cls, cameras: Any) -> Any:
+        """Rows written before cameras were recorded hold NULL: state only."""
+        return {} if cameras is None else cameras
 
 
 class EvaluationDetail(EvaluationOut):
@@ -323,16 +347,28 @@ class SuiteTask(BaseModel):
     max_steps: int
 
 
+class SuiteCamera(BaseModel):
+    name: str
+    height: int = Field(description="Default height in pixels (an evaluation may ask for another size).")
+    width: int
+    description: str = ""
+
+
 class SuiteOut(BaseModel):
     name: str
     simulator: str
     description: str
     state_dim: int
+    state_names: list[str] = Field(default_factory=list, description=(
+        "What each value of the state vector is (pixel suites leave out what only the image shows)."))
     action_dim: int
+    action_names: list[str] = Field(default_factory=list)
     action_low: list[float]
     action_high: list[float]
     fps: float
     has_expert: bool
+    cameras: list[SuiteCamera] = Field(default_factory=list, description="Cameras the simulator renders.")
+    overview_camera: str | None = Field(None, description="The camera replays use for an overview.")
     tasks: list[SuiteTask]
 
 

@@ -527,12 +527,18 @@ class _ChunkCursor:
         self.step = 0
         self.inferences = 0
 
-    def next_row(self) -> np.ndarray | None:
+    @property
+    def exhausted(self) -> bool:
+        """No unexecuted row is left: the next action needs an inference."""
         if self.chunk is None:
-            return None
+            return True
         limit = len(self.chunk) if self.actions_per_chunk is None else min(self.actions_per_chunk, len(self.chunk))
-        if self.index >= limit:
+        return self.index >= limit
+
+    def next_row(self) -> np.ndarray | None:
+        if self.exhausted:
             return None
+        assert self.chunk is not None
         row = self.chunk[self.index]
         self.index += 1
         self.step += 1
@@ -577,6 +583,12 @@ class ActionChunkBroker:
     def inferences(self) -> int:
         return self._cursor.inferences
 
+    @property
+    def needs_observation(self) -> bool:
+        """The next ``act`` asks the server (so its observation needs camera frames); otherwise the
+        action comes from the current chunk and the observation is not looked at."""
+        return self._cursor.exhausted
+
     def act(self, obs: Observation | dict[str, Any]) -> np.ndarray:
         """The action to execute now for ``obs``."""
         row = self._cursor.next_row()
@@ -605,6 +617,12 @@ class AsyncActionChunkBroker:
     @property
     def inferences(self) -> int:
         return self._cursor.inferences
+
+    @property
+    def needs_observation(self) -> bool:
+        """The next ``act`` asks the server (so its observation needs camera frames); otherwise the
+        action comes from the current chunk and the observation is not looked at."""
+        return self._cursor.exhausted
 
     async def act(self, obs: Observation | dict[str, Any]) -> np.ndarray:
         """The action to execute now for ``obs``."""

@@ -142,6 +142,8 @@ class Policy(Base):
     action_dim: Mapped[int] = mapped_column(Integer)
     chunk_size: Mapped[int] = mapped_column(Integer)
     tasks: Mapped[list[str]] = mapped_column(JsonDoc)
+    # {camera: [height, width]} the server's handshake asks for; None (rows before 0006) or {}: state only.
+    cameras: Mapped[dict[str, list[int]] | None] = mapped_column(JsonDoc)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     # The key that registered it: only that key (or an admin) may point it at another endpoint.
     created_by_key_id: Mapped[int | None] = mapped_column(
@@ -174,6 +176,8 @@ class Evaluation(Base):
     max_steps: Mapped[int | None] = mapped_column(Integer)  # None: each task's own limit
     # Every task of the suite at its standard step limits: comparable on the leaderboard.
     standard: Mapped[bool] = mapped_column(Boolean)
+    # {camera: [height, width]} the workers render and send at each inference step; None or {}: none.
+    cameras: Mapped[dict[str, list[int]] | None] = mapped_column(JsonDoc)
     status: Mapped[str] = mapped_column(String(16), default=EvaluationStatus.PENDING.value)
     # The key that submitted it: only that key (or an admin) may cancel it; idempotency keys are per API key.
     created_by_key_id: Mapped[int | None] = mapped_column(

@@ -28,7 +28,7 @@ evaluation and its episodes locks the evaluation first (``claim_episode``,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -105,11 +105,14 @@ class NotOwner(StoreError):
 
 def create_policy(session: Session, *, name: str, version: str, endpoint: str, checkpoint_sha256: str,
                   state_dim: int, action_dim: int, chunk_size: int, tasks: Sequence[str],
+                  cameras: Mapping[str, Sequence[int]] | None = None,
                   created_by_key_id: int | None = None) -> Policy:
-    """Insert a policy, owned by API key ``created_by_key_id``; ``Conflict`` if ``(name, version)`` is taken."""
+    """Insert a policy, owned by API key ``created_by_key_id``; ``Conflict`` if ``(name, version)`` is taken.
+
+    ``cameras``: ``{camera: (height, width)}`` its handshake asks for (none: a state-only policy)."""
     policy = Policy(name=name, version=version, endpoint=endpoint, checkpoint_sha256=checkpoint_sha256,
                     state_dim=state_dim, action_dim=action_dim, chunk_size=chunk_size, tasks=list(tasks),
-                    created_by_key_id=created_by_key_id)
+                    cameras=camera_sizes(cameras), created_by_key_id=created_by_key_id)
     session.add(policy)
     try:
         session.commit()
@@ -142,6 +145,11 @@ def list_policies(session: Session, *, before_id: int | None = None, limit: int 
     return list(session.scalars(query))
 
 
+def camera_sizes(cameras: Mapping[str, Sequence[int]] | None) -> dict[str, list[int]]:
+    """``{camera: [height, width]}`` as stored (JSON lists), in the given order; ``{}`` for none or NULL."""
+    return {name: [int(size[0]), int(size[1])] for name, size in (cameras or {}).items()}
+
+
 # ---------------------------------------------------------------------------- evaluations
 
 
@@ -165,7 +173,8 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
                       episodes_per_task: int, seed: int, max_steps: int | None, standard: bool,
                       tags: Sequence[str], episodes: Sequence[EpisodeSpec],
                       idempotency_key: str | None = None, request_sha256: str | None = None,
-                      created_by_key_id: int | None = None) -> CreatedEvaluation:
+                      created_by_key_id: int | None = None,
+                      cameras: Mapping[str, Sequence[int]] | None = None) -> CreatedEvaluation:
     """Insert an evaluation, owned by API key ``created_by_key_id``, and all its ``pending``
     episode rows in one transaction.
 
@@ -174,6 +183,7 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
     another request, raises ``IdempotencyConflict``. Idempotency keys are per API key:
     another key's use of the same string is never seen. Two concurrent requests with
     one key resolve the same way, through the unique index on (API key, idempotency key).
+    ``cameras`` (``{camera: (height, width)}``) are what its workers render for the policy.
     """
     if not episodes:
         raise ValueError("an evaluation needs at least one episode")
@@ -190,7 +200,7 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
         policy_id=policy_id, suite=suite, tasks=list(tasks), episodes_per_task=episodes_per_task, seed=seed,
         max_steps=max_steps, standard=standard, status=EvaluationStatus.PENDING.value,
         idempotency_key=idempotency_key, request_sha256=request_sha256, episodes_total=len(episodes),
-        created_by_key_id=created_by_key_id,
+        created_by_key_id=created_by_key_id, cameras=camera_sizes(cameras),
         created_at=now, tag_rows=[EvaluationTag(tag=tag) for tag in sorted(set(tags))])
     session.add(evaluation)
     try:

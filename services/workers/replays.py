@@ -1,16 +1,18 @@
 """Replay GIFs of evaluation episodes: frames captured while a worker plays, one GIF per episode.
 
 The first ``EVALFORGE_REPLAY_EPISODES`` episodes of each evaluation (by episode
-index) are recorded: a ``ReplayRecorder`` grabs a small frame (160×120) after the
-reset and every ``EVALFORGE_REPLAY_EVERY`` steps, from the simulator's
-``render_frame(width, height)`` (MetaWorld has one, see ``benchmarks/metaworld.py``).
+index) are recorded: a ``ReplayRecorder`` grabs a frame after the reset and every
+``EVALFORGE_REPLAY_EVERY`` steps with the simulator's ``render_images``, from the
+camera ``replay_camera`` picks (``EVALFORGE_REPLAY_CAMERA``): by default what the
+policy saw — the evaluation's first camera, at the size the policy got — and for a
+state-only policy, or with ``overview``, the suite's overview camera at 160×120.
 ``write_gif`` stores them under ``ARTIFACT_ROOT`` at
 ``evaluations/<evaluation id>/episode-<index>.gif`` — the path the episode row keeps
 (``episodes.artifact_path``, relative to ``ARTIFACT_ROOT``, so the API and the
 workers may mount the same volume at different places).
 
-Replays are optional, never a reason to fail an episode: a simulator without
-``render_frame``, or a host where no OpenGL context can be made (no EGL/OSMesa, no
+Replays are optional, never a reason to fail an episode: a suite without cameras,
+or a host where no OpenGL context can be made (no EGL/OSMesa, no
 display), is logged once per worker process and recording is skipped from then on.
 """
 
@@ -19,12 +21,13 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from benchmarks.suite import EpisodeEnv
+from benchmarks.suite import EpisodeEnv, Suite
 
 log = logging.getLogger("evalforge.workers.replays")
 
@@ -47,28 +50,48 @@ def _give_up(reason: str) -> None:
     _unavailable = reason
 
 
+ReplayCamera = tuple[str, tuple[int, int]]
+"""A camera name and the (height, width) to render it at."""
+
+
+def replay_camera(suite: Suite, cameras: Mapping[str, Sequence[int]] | None, choice: str) -> ReplayCamera | None:
+    """The camera replays of an evaluation show (``choice``: ``policy`` or ``overview``); None if the suite has none.
+
+    ``policy``: the first of the evaluation's ``cameras``, at the size the policy got;
+    with no cameras (a state-only policy), or for ``overview``, the suite's overview camera.
+    """
+    if choice == "policy" and cameras:
+        name, (height, width) = next(iter(cameras.items()))
+        return name, (int(height), int(width))
+    if suite.overview_camera is None:
+        return None
+    return suite.overview_camera, (FRAME_HEIGHT, FRAME_WIDTH)
+
+
 class ReplayRecorder:
     """Frames of one try at an episode: ``capture(step)`` after reset (step 0) and after each step."""
 
-    def __init__(self, env: EpisodeEnv, every: int) -> None:
+    def __init__(self, env: EpisodeEnv, every: int, camera: ReplayCamera | None) -> None:
         self.env = env
         self.every = max(1, every)
         self.frames: list[np.ndarray] = []
+        self.camera = camera
         self._last_step = -1
-        self._render = getattr(env, "render_frame", None)
-        if self._render is None:
-            _give_up(f"simulator {env.suite.simulator} ({env.suite.name}) has no offscreen rendering")
+        if camera is None:  # this suite's episodes have no replay; other suites' still do
+            log.debug("suite %s has no camera to record replays from", env.suite.name)
 
     @property
     def active(self) -> bool:
-        return self._render is not None and _unavailable is None
+        return self.camera is not None and _unavailable is None
 
     def capture(self, step: int, *, last: bool = False) -> None:
         """Grab a frame at ``step`` if it is due (every ``every`` steps, and the ``last`` one)."""
         if not self.active or step == self._last_step or (step % self.every and not last):
             return
+        assert self.camera is not None
+        name, size = self.camera
         try:
-            frame = self._render(FRAME_WIDTH, FRAME_HEIGHT)
+            frame = self.env.render_images({name: size})[name]
         except Exception as exc:
             _give_up(f"{self.env.suite.name}/{self.env.task} cannot render offscreen: {type(exc).__name__}: {exc}")
             self.frames.clear()

@@ -4,7 +4,8 @@
 policy server at ``url`` with the same loop as the distributed workers
 (``benchmarks.runner.run_policy_episode``) and an action-chunk broker, on evaluation
 seeds (``benchmarks.suite.evaluation_seed``), never a demonstration seed.
-``summarize`` turns its results into the store's figures
+The policy is shown the cameras its handshake asks for, rendered at the steps it is
+asked for actions (``services/workers/cameras.py``), as in the workers. ``summarize`` turns its results into the store's figures
 (``services.store.aggregates``: success rates with Wilson 95% intervals, harness
 failures left out), so this sequential reference and an evaluation through the API
 compute the same numbers from the same episodes. A simulator failure is recorded
@@ -30,6 +31,7 @@ from benchmarks.suite import EpisodeEnv, evaluation_seed
 from services.protocol.client import ActionChunkBroker, PolicyClient, latency_summary_ms
 from services.store import aggregates
 from services.store.models import EpisodeStatus, FailureReason
+from services.workers.cameras import observing_policy
 
 
 class PolicyMismatch(ValueError):
@@ -47,6 +49,11 @@ def check_policy_fits_suite(client: PolicyClient, suite_name: str, tasks: list[s
     missing = [t for t in tasks if t not in meta.tasks]
     if missing:
         problems.append(f"no task token for {', '.join(missing)}")
+    available = {camera.name for camera in suite.cameras}
+    unseen = [name for name in meta.cameras if name not in available]
+    if unseen:
+        problems.append(f"it asks for camera(s) {', '.join(unseen)}; the suite renders "
+                        f"{', '.join(sorted(available)) or 'no cameras'}")
     if problems:
         raise PolicyMismatch(f"policy {meta.policy_name!r} does not fit suite {suite_name}: {'; '.join(problems)}")
 
@@ -71,6 +78,7 @@ def rollout(url: str, suite_name: str, tasks: list[str], episodes_per_task: int,
 
     with PolicyClient(url) as client:
         check_policy_fits_suite(client, suite_name, tasks)
+        cameras = client.metadata.cameras  # what the policy asks to see, rendered only when it infers
         for task in tasks:
             env = make_env(task)
             try:
@@ -81,7 +89,7 @@ def rollout(url: str, suite_name: str, tasks: list[str], episodes_per_task: int,
                     broker = ActionChunkBroker(client, episode_id=f"rollout-{task}-{seed}")
                     started = time.perf_counter()
                     try:
-                        outcome = run_policy_episode(env, lambda obs, b=broker: b.act(obs), seed=seed)
+                        outcome = run_policy_episode(env, observing_policy(env, broker, cameras), seed=seed)
                         result = {**asdict(outcome), "failure_reason": None, "error_message": None}
                     except EnvFailure as exc:  # the simulator's fault: recorded, left out of the rates
                         result = {"task": task, "seed": seed, "success": False, "total_reward": None,

@@ -9,7 +9,8 @@
    limit (one simulator per task is kept per worker process and reset per episode);
 3. plays it with ``benchmarks.runner.run_policy_episode`` through an ``ActionChunkBroker`` on
    a ``PolicyClient`` for the policy's endpoint (one client per endpoint per worker
-   process), extending the lease every ``heartbeat_s`` seconds, and recording replay
+   process), rendering the evaluation's cameras at the steps the broker asks the server
+   for actions (``services/workers/cameras.py``), extending the lease every ``heartbeat_s`` seconds, and recording replay
    frames when the episode is one of its evaluation's first ``replay_episodes``
    (``services/workers/replays.py``);
    Before it connects, the endpoint is checked against ``EVALFORGE_POLICY_HOSTS``
@@ -75,7 +76,8 @@ from services.protocol.client import (
 from services.protocol.messages import ErrorCode
 from services.store import queries
 from services.store.models import Episode, EpisodeStatus, Evaluation, FailureReason, Policy
-from services.workers.replays import ReplayRecorder, save_replay
+from services.workers.cameras import observing_policy
+from services.workers.replays import ReplayRecorder, replay_camera, save_replay
 from services.workers.settings import WorkerSettings
 
 log = logging.getLogger("evalforge.workers.runner")
@@ -241,12 +243,14 @@ class _Job:
     endpoint: str
     attempts: int
     checkpoint_sha256: str
+    cameras: dict[str, list[int]] | None
 
 
 def _load_job(session: Session, episode_id: int) -> _Job:
     row = session.execute(
         select(Episode.evaluation_id, Episode.episode_index, Evaluation.suite, Episode.task, Episode.seed,
-               Episode.max_steps, Policy.endpoint, Episode.attempts, Policy.checkpoint_sha256)
+               Episode.max_steps, Policy.endpoint, Episode.attempts, Policy.checkpoint_sha256,
+               Evaluation.cameras)
         .join(Evaluation, Evaluation.id == Episode.evaluation_id)
         .join(Policy, Policy.id == Evaluation.policy_id)
         .where(Episode.id == episode_id)).one()
@@ -415,15 +419,16 @@ def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Ca
     started = time.monotonic()
     client = policy_client(job.endpoint, job.checkpoint_sha256, settings)
     broker = ActionChunkBroker(client, episode_id=f"episode-{job.episode_id}-{job.attempts}")
-    act = broker.act
+    act = policy = observing_policy(env, broker, job.cameras)
     recorder = None
     if recorders is not None:
-        recorder = ReplayRecorder(env, settings.replay_every)
+        recorder = ReplayRecorder(env, settings.replay_every,
+                                  replay_camera(env.suite, job.cameras, settings.replay_camera))
         recorders.append(recorder)
 
         def act(obs: dict) -> np.ndarray:
             recorder.capture(env.steps)
-            return broker.act(obs)
+            return policy(obs)
 
     try:
         outcome = run_policy_episode(env, act, seed=job.seed, on_step=on_step)

@@ -7,6 +7,7 @@ The broker, the queue name and Redis's visibility timeout are the queue's settin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,6 +38,9 @@ class WorkerSettings(BaseSettings):
         "Record a replay GIF of the first N episodes of each evaluation (by episode index); 0 turns replays "
         "off. Costs ~10-20 ms of software rendering per frame on a CPU host."))
     replay_every: int = Field(2, ge=1, description="Steps between two replay frames.")
+    replay_camera: Literal["policy", "overview"] = Field("policy", description=(
+        "What replays show: `policy`, what the policy saw (the evaluation's first camera, at its size; the "
+        "overview for a state-only policy), or `overview`, the suite's overview camera at 160×120."))
     artifact_root: Path = Field(Path("runs/artifacts"), validation_alias="ARTIFACT_ROOT", description=(
         "Directory replay GIFs are written under (episode rows keep paths relative to it)."))
     # The sweeper.

@@ -63,9 +63,9 @@ class ScriptedHandshake:
 
 
 def metadata(tasks: tuple[str, ...] = MT10_TASKS, sha: str = "ab" * 32, state_dim: int = 39,
-             action_dim: int = 4) -> Metadata:
+             action_dim: int = 4, cameras: dict[str, tuple[int, int]] | None = None) -> Metadata:
     return Metadata(policy_name="bc", checkpoint_sha256=sha, state_dim=state_dim, action_dim=action_dim,
-                    chunk_size=4, tasks=tasks)
+                    chunk_size=4, tasks=tasks, cameras=cameras or {})
 
 
 @dataclass

@@ -116,18 +116,20 @@ def fast_settings(**overrides: object) -> WorkerSettings:
 
 def make_evaluation(sessions: sessionmaker[Session], endpoint: str, episodes: int, *,
                     max_steps: int = MAX_STEPS, name: str = "reach",
-                    checkpoint_sha256: str | None = None) -> tuple[int, list[int]]:
+                    checkpoint_sha256: str | None = None,
+                    cameras: dict[str, tuple[int, int]] | None = None) -> tuple[int, list[int]]:
     """A policy at ``endpoint`` (registered with ``checkpoint_sha256``, by default the reach
-    checkpoint's) and an evaluation of ``episodes`` reach episodes; (evaluation id, episode ids)."""
+    checkpoint's) and an evaluation of ``episodes`` reach episodes rendering ``cameras`` for it;
+    (evaluation id, episode ids)."""
     with sessions() as session:
         policy = queries.find_policy(session, name, "v1") or queries.create_policy(
             session, name=name, version="v1", endpoint=endpoint,
             checkpoint_sha256=checkpoint_sha256 or REGISTERED_SHA["sha256"], state_dim=39,
-            action_dim=4, chunk_size=4, tasks=[TASK])
+            action_dim=4, chunk_size=4, tasks=[TASK], cameras=cameras)
         specs = [queries.EpisodeSpec(task=TASK, seed=1_000_000 + i, max_steps=max_steps) for i in range(episodes)]
         created = queries.create_evaluation(
             session, policy_id=policy.id, suite=SUITE, tasks=[TASK], episodes_per_task=episodes, seed=0,
-            max_steps=max_steps, standard=False, tags=[], episodes=specs)
+            max_steps=max_steps, standard=False, tags=[], episodes=specs, cameras=cameras)
         return created.evaluation.id, created.episode_ids
 
 

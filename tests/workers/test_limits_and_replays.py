@@ -60,7 +60,7 @@ def _skip_unless_rendering_works() -> None:
     env = runner._environment(SUITE, TASK, 1_000_000)
     env.reset()
     try:
-        env.render_frame(replays.FRAME_WIDTH, replays.FRAME_HEIGHT)
+        env.render_images({"corner": (replays.FRAME_HEIGHT, replays.FRAME_WIDTH)})
     except Exception as exc:  # what MuJoCo raises without an OpenGL context varies by backend
         pytest.skip(f"MuJoCo cannot render offscreen on this host ({type(exc).__name__}: {exc}); "
                     "install Mesa's EGL or OSMesa to run the replay test")
@@ -92,10 +92,10 @@ def test_rendering_failure_skips_the_replay_not_the_episode(sessions, policy_ser
                                                             caplog):
     env = runner._environment(SUITE, TASK, 1_000_000)
 
-    def no_opengl(width, height):
+    def no_opengl(cameras):
         raise RuntimeError("no OpenGL context (test)")
 
-    monkeypatch.setattr(env, "render_frame", no_opengl)
+    monkeypatch.setattr(env, "render_images", no_opengl)
     settings = fast_settings(replay_episodes=2, artifact_root=tmp_path)
     evaluation_id, ids = make_evaluation(sessions, policy_server.ws_url, 2)
     with caplog.at_level("WARNING", logger="evalforge.workers.replays"):

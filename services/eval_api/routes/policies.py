@@ -98,7 +98,7 @@ def _store_registration(sessions: sessionmaker[Session], body: PolicyCreate, met
                     session, name=body.name, version=version, endpoint=body.endpoint,
                     checkpoint_sha256=meta.checkpoint_sha256, state_dim=meta.state_dim,
                     action_dim=meta.action_dim, chunk_size=meta.chunk_size, tasks=meta.tasks,
-                    created_by_key_id=caller.key_id), True
+                    cameras=meta.cameras, created_by_key_id=caller.key_id), True
             except queries.Conflict as exc:
                 conflict = exc
         raise ApiError(409, "policy_version_exists", f"{conflict}; register it under another version")
@@ -111,8 +111,8 @@ async def register_policy(body: PolicyCreate, request: Request, response: Respon
                           caller: WriteKeyDep) -> Policy:
     """Connect to the policy server at `endpoint`, read its handshake and register what it serves.
 
-    The checkpoint sha256, dimensions, chunk size and tasks come from the server, not
-    the request. Registering the same name and version again with the same checkpoint
+    The checkpoint sha256, dimensions, chunk size, tasks and cameras come from the
+    server, not the request. Registering the same name and version again with the same checkpoint
     returns the existing policy (200); with another endpoint, that moves it — only the
     API key that registered it, or an admin key, may (403 otherwise). Another checkpoint
     under a taken version is a 409. A server that does not answer the handshake is a 422
