@@ -1,9 +1,9 @@
 """Render cost per step per camera, against the simulator's own step, at 64/96/128/224 px.
 
-For each camera (MetaWorld ``corner`` and ``gripper`` on reach-v3, PushT ``top``) and each
+For each camera (MetaWorld ``corner`` and ``gripper`` on reach-v3, both together, PushT ``top``) and each
 square size, one environment plays ``--steps`` steps of random in-bounds actions (a new
 episode when one ends); every step is timed twice, interleaved: ``env.step(action)`` and
-then ``env.render_images({camera: (size, size)})`` of the state it reached, which is what a
+then ``env.render_images({camera: (size, size), ...})`` of the state it reached, which is what a
 worker does at each step its policy looks. Cells are the median and the interquartile
 range (IQR) over the steps, in milliseconds; ``render/step`` is the ratio of the medians.
 ``first frame`` is the first render at that size, which makes the renderer (for MuJoCo an
@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.registry import get_suite  # noqa: E402  (sets MUJOCO_GL before MuJoCo loads)
 
-CAMERAS = [("metaworld-mt1-reach", "reach-v3", "corner"),
-           ("metaworld-mt1-reach", "reach-v3", "gripper"),
-           ("pusht", "push-t", "top")]
+CAMERAS = [("metaworld-mt1-reach", "reach-v3", ("corner",)),
+           ("metaworld-mt1-reach", "reach-v3", ("gripper",)),
+           ("metaworld-mt1-reach", "reach-v3", ("corner", "gripper")),
+           ("pusht", "push-t", ("top",))]
 
 
 def median_iqr_ms(seconds: list[float]) -> tuple[float, float]:
@@ -37,10 +38,10 @@ def median_iqr_ms(seconds: list[float]) -> tuple[float, float]:
     return float(median), float(q3 - q1)
 
 
-def measure(suite_name: str, task: str, camera: str, size: int, steps: int) -> dict[str, float]:
+def measure(suite_name: str, task: str, camera_names: tuple[str, ...], size: int, steps: int) -> dict[str, float]:
     suite = get_suite(suite_name)
     rng = np.random.default_rng(0)
-    cameras = {camera: (size, size)}
+    cameras = {camera: (size, size) for camera in camera_names}
     step_s, render_s = [], []
     with suite.make_env(task, seed=0) as env:
         env.reset()
@@ -90,10 +91,10 @@ def main() -> None:
     print(f"{args.steps} steps per row, random in-bounds actions; median (IQR) in ms\n")
     header = ("suite", "camera", "size", "step ms", "render ms", "render/step", "first frame ms")
     rows = []
-    for suite_name, task, camera in CAMERAS:
+    for suite_name, task, camera_names in CAMERAS:
         for size in sizes:
-            m = measure(suite_name, task, camera, size, args.steps)
-            rows.append((suite_name, camera, f"{size}x{size}", f"{m['step']:.3f} ({m['step_iqr']:.3f})",
+            m = measure(suite_name, task, camera_names, size, args.steps)
+            rows.append((suite_name, "+".join(camera_names), f"{size}x{size}", f"{m['step']:.3f} ({m['step_iqr']:.3f})",
                          f"{m['render']:.3f} ({m['render_iqr']:.3f})", f"{m['ratio']:.1f}x", f"{m['first']:.0f}"))
             print("  ".join(rows[-1]), file=sys.stderr, flush=True)  # progress
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
