@@ -4,7 +4,7 @@ The first ``EVALFORGE_REPLAY_EPISODES`` episodes of each evaluation (by episode
 index) are recorded: a ``ReplayRecorder`` grabs a frame after the reset and every
 ``EVALFORGE_REPLAY_EVERY`` steps with the simulator's ``render_images``, from the
 camera ``replay_camera`` picks (``EVALFORGE_REPLAY_CAMERA``): by default what the
-policy saw — the evaluation's first camera, at the size the policy got — and for a
+policy saw — of the evaluation's cameras, the suite's first, at the size the policy got — and for a
 state-only policy, or with ``overview``, the suite's overview camera at 160×120.
 ``write_gif`` stores them under ``ARTIFACT_ROOT`` at
 ``evaluations/<evaluation id>/episode-<index>.gif`` — the path the episode row keeps
@@ -57,11 +57,15 @@ ReplayCamera = tuple[str, tuple[int, int]]
 def replay_camera(suite: Suite, cameras: Mapping[str, Sequence[int]] | None, choice: str) -> ReplayCamera | None:
     """The camera replays of an evaluation show (``choice``: ``policy`` or ``overview``); None if the suite has none.
 
-    ``policy``: the first of the evaluation's ``cameras``, at the size the policy got;
-    with no cameras (a state-only policy), or for ``overview``, the suite's overview camera.
+    ``policy``: of the evaluation's ``cameras``, the one the suite lists first (a JSON
+    document in PostgreSQL does not keep its keys' order, the suite's list does), at the
+    size the policy got; with no cameras (a state-only policy), or for ``overview``, the
+    suite's overview camera at 160×120.
     """
     if choice == "policy" and cameras:
-        name, (height, width) = next(iter(cameras.items()))
+        order = [camera.name for camera in suite.cameras]
+        name = min(cameras, key=lambda n: order.index(n) if n in order else len(order))
+        height, width = cameras[name]
         return name, (int(height), int(width))
     if suite.overview_camera is None:
         return None

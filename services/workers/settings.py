@@ -39,7 +39,7 @@ class WorkerSettings(BaseSettings):
         "off. Costs ~10-20 ms of software rendering per frame on a CPU host."))
     replay_every: int = Field(2, ge=1, description="Steps between two replay frames.")
     replay_camera: Literal["policy", "overview"] = Field("policy", description=(
-        "What replays show: `policy`, what the policy saw (the evaluation's first camera, at its size; the "
+        "What replays show: `policy`, what the policy saw (of the evaluation's cameras, the one the suite lists first, at its size; the "
         "overview for a state-only policy), or `overview`, the suite's overview camera at 160×120."))
     artifact_root: Path = Field(Path("runs/artifacts"), validation_alias="ARTIFACT_ROOT", description=(
         "Directory replay GIFs are written under (episode rows keep paths relative to it)."))
