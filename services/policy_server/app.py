@@ -8,6 +8,9 @@ cache chunks per episode, count everything);
 - ``/ws`` and ``/``: WebSocket, metadata frame first, then msgpack requests. Each
   request is handled as its own task, so one connection may have many in flight
   and every request reaches the engine as it arrives.
+- ``/vla-eval``: WebSocket speaking allenai vla-eval's model-server protocol, so
+  ``vla-eval run --server-url ws://HOST:PORT/vla-eval`` evaluates this policy
+  (``services/policy_server/vla_eval.py``).
 - ``POST /act``: one request per HTTP call, msgpack body (same frames as the
   WebSocket) or JSON for convenience.
 - ``GET /healthz`` (alive), ``GET /readyz`` (model loaded and warmed up) — both echo
@@ -305,7 +308,10 @@ class PolicyService:
 def create_app(service: PolicyService, *, on_fatal: Callable[[BaseException], None] | None = None,
                max_http_body: int | None = None) -> Starlette:
     """The ASGI app; the engine starts in the background so /healthz answers at once."""
+    from services.policy_server.vla_eval import VlaEvalEndpoint  # (that module builds on this one)
+
     max_body = max_http_body or service.limits.max_frame_bytes
+    vla_eval = VlaEvalEndpoint(service)
 
     # Set by a supervisor (services/supervisor.py): echoed so its health check knows it reached its own child.
     token = os.environ.get("EVALFORGE_INSTANCE_TOKEN")
@@ -429,6 +435,7 @@ def create_app(service: PolicyService, *, on_fatal: Callable[[BaseException], No
             Route("/metrics", metrics),
             Route("/act", act, methods=["POST"]),
             WebSocketRoute("/ws", websocket),
+            WebSocketRoute("/vla-eval", vla_eval.serve),
             WebSocketRoute("/", websocket),
         ],
         lifespan=lifespan,
