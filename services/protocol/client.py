@@ -17,6 +17,11 @@ errors:
 - ``ProtocolError``: a frame or message broke the protocol (including a protocol
   version mismatch, which is never retried).
 
+``WebSocketAdapter`` is that connection machinery for every synchronous client:
+``PolicyClient`` (ours) and the openpi and vla-eval clients (``openpi``,
+``vla_eval``) differ only in their greeting and their frames. ``checked_actions`` and
+``server_error`` are the reply checks of the remote protocols.
+
 The asyncio client multiplexes: many calls may be in flight on one connection,
 and replies are matched to calls by ``request_id``.
 
@@ -34,9 +39,10 @@ import random
 import socket
 import ssl
 import time
-from collections.abc import Iterator
+from abc import abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from websockets.asyncio.client import ClientConnection as AsyncConnection
@@ -45,6 +51,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.sync.client import ClientConnection as SyncConnection
 from websockets.sync.client import reconnect as _SyncConnect
 
+from services.protocol.adapters import PolicyAdapter, ServerInfo
 from services.protocol.codec import DEFAULT_LIMITS, Limits, ProtocolError, packb, unpackb
 from services.protocol.messages import (
     MAX_METADATA_BYTES,
@@ -70,11 +77,16 @@ __all__ = [
     "PolicyTimeout",
     "PolicyUnavailable",
     "ProtocolError",
+    "WebSocketAdapter",
     "backoff_delays",
+    "checked_actions",
     "latency_summary_ms",
+    "server_error",
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _TRANSIENT = (OSError, TimeoutError, InvalidHandshake, ConnectionClosed, EOFError)
 
@@ -167,10 +179,15 @@ class CheckpointMismatch(ProtocolError):
         self.served = served
 
 
-def _check_checkpoint(url: str, expected: str | None, metadata: Metadata) -> Metadata:
-    if expected is not None and expected not in (metadata.checkpoint_sha256, metadata.revision):
-        raise CheckpointMismatch(url, expected, metadata.checkpoint_sha256)
-    return metadata
+def _check_checkpoint(url: str, expected: str | None, checkpoint_sha256: str | None, revision: str | None) -> None:
+    """Raise ``CheckpointMismatch`` unless the greeting names ``expected`` (as its sha256 or its revision).
+
+    A greeting that names no checkpoint at all (an openpi or vla-eval server may not) is taken as it is.
+    """
+    if expected is None or (checkpoint_sha256 is None and revision is None):
+        return
+    if expected not in (checkpoint_sha256, revision):
+        raise CheckpointMismatch(url, expected, checkpoint_sha256 or revision or "")
 
 
 class PolicyTimeout(TimeoutError):
@@ -186,9 +203,62 @@ class PolicyError(RuntimeError):
         self.message = message
 
 
+MAX_SERVER_ERROR_CHARS = 200
+"""What a remote server's failure text is cut to: it reaches the API, a traceback never does."""
+
+
+def server_error(text: object) -> PolicyError:
+    """``PolicyError("server_error", ...)`` for a remote server's failure text (openpi's traceback frame,
+    vla-eval's error payload): one line, at most ``MAX_SERVER_ERROR_CHARS`` characters. Of a Python
+    traceback that is its last line, the exception (its first line is always "Traceback (most recent
+    call last):", which says nothing); of anything else, its first line."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    if not lines:
+        line = "the server failed and said nothing"
+    elif lines[0].startswith("Traceback (most recent call last)"):
+        line = lines[-1]
+    else:
+        line = lines[0]
+    line = "".join(ch if ch.isprintable() else "?" for ch in line)
+    if len(line) > MAX_SERVER_ERROR_CHARS:
+        line = line[:MAX_SERVER_ERROR_CHARS - 1] + "…"
+    return PolicyError("server_error", line)
+
+
+def checked_actions(actions: object, action_dim: int | None) -> np.ndarray:
+    """A remote server's ``actions`` as float32 ``[chunk, action_dim]`` (``[A]`` is a chunk of one), or
+    ``PolicyError("invalid_actions", ...)`` naming what came and what was expected: numbers only,
+    1-D or 2-D, at least one row, finite, ``action_dim`` wide when it is known."""
+    want = f"[chunk, {action_dim}]" if action_dim is not None else "[chunk, action_dim]"
+    if isinstance(actions, list):
+        try:
+            actions = np.asarray(actions)
+        except ValueError:
+            raise PolicyError("invalid_actions", f"the server's actions are a ragged list; expected numbers "
+                                                 f"of shape {want}") from None
+    if not isinstance(actions, np.ndarray):
+        raise PolicyError("invalid_actions", f"the server's actions are a {type(actions).__name__}; expected an "
+                                             f"array of shape {want} (or [action_dim] for one action)")
+    shape = list(actions.shape)
+    if actions.dtype.kind not in "iuf":
+        raise PolicyError("invalid_actions", f"the server's actions have dtype {actions.dtype}; expected numbers "
+                                             f"of shape {want}")
+    if actions.ndim not in (1, 2) or 0 in actions.shape:
+        raise PolicyError("invalid_actions", f"the server's actions have shape {shape}; expected {want} "
+                                             "(or [action_dim] for one action)")
+    if action_dim is not None and actions.shape[-1] != action_dim:
+        raise PolicyError("invalid_actions", f"the server's actions have shape {shape}; expected {want}: this "
+                                             f"policy's actions have {action_dim} values")
+    chunk = np.ascontiguousarray(actions.reshape(1, -1) if actions.ndim == 1 else actions, dtype=np.float32)
+    if not np.isfinite(chunk).all():
+        raise PolicyError("invalid_actions", f"the server's actions (shape {shape}) hold NaN or infinity "
+                                             "(as float32)")
+    return chunk
+
+
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
-    """Timeouts and retry schedule shared by both clients."""
+    """Timeouts and retry schedule shared by all clients."""
 
     connect_deadline_s: float = 30.0  # overall budget for (re)connecting, retries included
     call_timeout_s: float = 30.0  # per call, from send to reply
@@ -214,11 +284,12 @@ def _as_observation(obs: Observation | dict[str, Any]) -> Observation:
                        images=obs.get("images") or {})
 
 
-def _unavailable(url: str, deadline: float, exc: BaseException | None) -> PolicyUnavailable:
+def _unavailable(url: str, deadline: float, exc: BaseException | None, server_kind: str = "a policy server",
+                 start_hint: str = "check that `policy-server` is running there and reachable"
+                 ) -> PolicyUnavailable:
     reason = _reason(exc)
-    when = f" within {deadline:g} s" if reason == NOT_A_POLICY_SERVER else ""
-    return PolicyUnavailable(f"no policy server answered at {url}: {reason}{when}; check that `policy-server` "
-                             "is running there and reachable", reason)
+    said = f"nothing answered as {server_kind} within {deadline:g} s" if reason == NOT_A_POLICY_SERVER else reason
+    return PolicyUnavailable(f"no policy server answered at {url}: {said}; {start_hint}", reason)
 
 
 def _check_reply(reply_msg: Any, request_id: int) -> Reply | None:
@@ -229,38 +300,47 @@ def _check_reply(reply_msg: Any, request_id: int) -> Reply | None:
     return reply if reply.request_id == request_id else None
 
 
-class PolicyClient:
-    """Blocking client; one call at a time. Use ``AsyncPolicyClient`` for concurrency.
+class WebSocketAdapter(PolicyAdapter):
+    """The connection machinery of every synchronous client, whatever the protocol.
 
-    With ``expected_checkpoint`` (a sha256 or a revision), every connection checks that the
-    server's handshake names it, or raises ``CheckpointMismatch``.
+    ``connect`` dials directly with backoff until ``ClientSettings.connect_deadline_s`` and lets the
+    subclass's ``_greet`` read the server's greeting (capped at ``MAX_METADATA_BYTES``; frames after
+    it may use the full ``Limits.max_frame_bytes``). A greeting that never comes before the deadline
+    is retried like a refused connection and ends ``PolicyUnavailable`` saying nothing answered as
+    ``server_kind``. ``_call`` runs one exchange, reconnecting once after a dropped
+    connection and running the exchange again on the new one (so the request is resent, never its
+    old reply reused); a second drop raises the connection error itself.
     """
 
-    def __init__(self, url: str, settings: ClientSettings | None = None, *,
-                 expected_checkpoint: str | None = None) -> None:
+    server_kind: ClassVar[str] = "a policy server"
+    start_hint: ClassVar[str] = "check that `policy-server` is running there and reachable"
+
+    def __init__(self, url: str, settings: ClientSettings | None = None) -> None:
         self.url = url
         self.settings = settings or ClientSettings()
-        self.expected_checkpoint = expected_checkpoint
         self._ws: SyncConnection | None = None
-        self._metadata: Metadata | None = None
-        self._ids = itertools.count(1)
+        self._info: ServerInfo | None = None
 
-    def __enter__(self) -> PolicyClient:
+    def __enter__(self) -> WebSocketAdapter:
         self.connect()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     @property
-    def metadata(self) -> Metadata:
-        if self._metadata is None:
+    def info(self) -> ServerInfo:
+        if self._info is None:
             self.connect()
-        assert self._metadata is not None
-        return self._metadata
+        assert self._info is not None
+        return self._info
 
-    def connect(self) -> Metadata:
-        """Connect (retrying until the deadline) and read the metadata frame."""
+    @abstractmethod
+    def _greet(self, ws: SyncConnection, deadline: float) -> ServerInfo:
+        """Read (and for vla-eval, first ask for) the server's greeting on a new connection before the
+        ``time.monotonic()`` ``deadline``. A transient error (``TimeoutError``, a closed connection)
+        is retried until the connect deadline; anything else (``ProtocolError``) is final."""
+
+    def connect(self) -> ServerInfo:
+        """Connect (retrying until the deadline) and read the server's greeting."""
+        self.close()
         s = self.settings
         deadline = time.monotonic() + s.connect_deadline_s
         last: BaseException | None = None
@@ -269,7 +349,7 @@ class PolicyClient:
             if remaining <= 0:
                 break
             try:
-                # The handshake frame is capped at MAX_METADATA_BYTES; replies may use the full limit.
+                # The greeting is capped at MAX_METADATA_BYTES; replies may use the full limit.
                 ws = _NoRedirectSync(self.url, open_timeout=remaining, max_size=MAX_METADATA_BYTES,
                                      compression=None, close_timeout=1, proxy=None).connect()
             except InvalidURI as exc:
@@ -281,8 +361,7 @@ class PolicyClient:
             else:
                 ws.pending_legacy_warning = False
                 try:
-                    self._metadata = _check_checkpoint(self.url, self.expected_checkpoint,
-                                                       _metadata_from(ws.recv(timeout=remaining), s.limits))
+                    info = self._greet(ws, deadline)
                     ws.protocol.max_message_size = s.limits.max_frame_bytes
                 except _TRANSIENT as exc:
                     ws.close()
@@ -294,25 +373,25 @@ class PolicyClient:
                     ws.close()
                     raise
                 else:
-                    self._ws = ws
-                    return self._metadata
+                    self._ws, self._info = ws, info
+                    return info
             if time.monotonic() + delay >= deadline:
                 break
             time.sleep(delay)
-        raise _unavailable(self.url, s.connect_deadline_s, last)
+        raise _unavailable(self.url, s.connect_deadline_s, last, self.server_kind, self.start_hint)
 
     def close(self) -> None:
         if self._ws is not None:
             self._ws.close()
             self._ws = None
 
-    def _call(self, wire: dict[str, Any]) -> Any:
+    def _call(self, exchange: Callable[[SyncConnection], T]) -> T:
         for attempt in (1, 2):
             if self._ws is None:
                 self.connect()
             assert self._ws is not None
             try:
-                return self._exchange(self._ws, wire)
+                return exchange(self._ws)
             except (ConnectionClosed, OSError, EOFError):
                 self.close()
                 if attempt == 2:
@@ -320,37 +399,78 @@ class PolicyClient:
                 log.info("connection to %s dropped; reconnecting", self.url)
         raise AssertionError("unreachable")
 
+    def _recv(self, ws: SyncConnection, deadline: float) -> str | bytes:
+        """The next frame before the ``time.monotonic()`` deadline of a call, or ``PolicyTimeout``."""
+        try:
+            return ws.recv(timeout=max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            raise PolicyTimeout(f"no reply from {self.url} within {self.settings.call_timeout_s:g}s") from None
+
+
+class PolicyClient(WebSocketAdapter):
+    """Blocking client of an EvalForge ``policy-server``; one call at a time. Use
+    ``AsyncPolicyClient`` for concurrency.
+
+    With ``expected_checkpoint`` (a sha256 or a revision), every connection checks that the
+    server's handshake names it, or raises ``CheckpointMismatch``.
+    """
+
+    protocol = "evalforge"
+
+    def __init__(self, url: str, settings: ClientSettings | None = None, *,
+                 expected_checkpoint: str | None = None) -> None:
+        super().__init__(url, settings)
+        self.expected_checkpoint = expected_checkpoint
+        self._metadata: Metadata | None = None
+        self._ids = itertools.count(1)
+
+    def __enter__(self) -> PolicyClient:
+        self.connect()
+        return self
+
+    @property
+    def metadata(self) -> Metadata:
+        """The server's whole handshake (``info`` holds the fields every protocol has)."""
+        if self._metadata is None:
+            self.connect()
+        assert self._metadata is not None
+        return self._metadata
+
+    def _greet(self, ws: SyncConnection, deadline: float) -> ServerInfo:
+        metadata = _metadata_from(ws.recv(timeout=max(deadline - time.monotonic(), 0.0)), self.settings.limits)
+        _check_checkpoint(self.url, self.expected_checkpoint, metadata.checkpoint_sha256, metadata.revision)
+        self._metadata = metadata
+        return ServerInfo.from_metadata(metadata)
+
     def _exchange(self, ws: SyncConnection, wire: dict[str, Any]) -> Any:
-        timeout = self.settings.call_timeout_s
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + self.settings.call_timeout_s
         ws.send(packb(wire))
         while True:
-            remaining = deadline - time.monotonic()
-            try:
-                frame = ws.recv(timeout=max(remaining, 0.0))
-            except TimeoutError:
-                raise PolicyTimeout(f"no reply from {self.url} within {timeout:g}s") from None
+            frame = self._recv(ws, deadline)
             if isinstance(frame, str):
                 raise ProtocolError("policy server sent a text frame; the protocol uses binary frames")
             result = _check_reply(unpackb(frame, self.settings.limits), wire["request_id"])
             if result is not None:
                 return result
 
+    def _request(self, wire: dict[str, Any]) -> Any:
+        return self._call(lambda ws: self._exchange(ws, wire))
+
     def infer(self, obs: Observation | dict[str, Any], *, episode_id: str | None = None, step: int = 0,
               stepwise: bool = False, temperature: float = 0.0, seed: int | None = None) -> ActionsReply:
         """Ask for the action chunk for ``obs`` (greedy unless ``temperature`` > 0)."""
         request = InferRequest(request_id=next(self._ids), obs=_as_observation(obs), episode_id=episode_id,
                                step=step, stepwise=stepwise, temperature=temperature, seed=seed)
-        return self._call(request.to_wire())
+        return self._request(request.to_wire())
 
     def reset(self, episode_id: str | None = None) -> None:
         """Clear the server's per-episode state (its action-chunk cache)."""
-        self._call(ResetRequest(request_id=next(self._ids), episode_id=episode_id).to_wire())
+        self._request(ResetRequest(request_id=next(self._ids), episode_id=episode_id).to_wire())
 
     def ping(self) -> float:
         """Round-trip time in seconds."""
         start = time.perf_counter()
-        self._call(PingRequest(request_id=next(self._ids)).to_wire())
+        self._request(PingRequest(request_id=next(self._ids)).to_wire())
         return time.perf_counter() - start
 
 
@@ -417,8 +537,10 @@ class AsyncPolicyClient:
                 try:
                     async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
                         frame = await ws.recv()
-                    self._metadata = _check_checkpoint(self.url, self.expected_checkpoint,
-                                                       _metadata_from(frame, s.limits))
+                    metadata = _metadata_from(frame, s.limits)
+                    _check_checkpoint(self.url, self.expected_checkpoint, metadata.checkpoint_sha256,
+                                      metadata.revision)
+                    self._metadata = metadata
                     ws.protocol.max_message_size = s.limits.max_frame_bytes
                 except _TRANSIENT as exc:
                     await ws.close()
