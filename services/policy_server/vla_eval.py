@@ -336,7 +336,7 @@ class _Session:
                 return await self._hello(payload, seq)
             if kind == "observation":
                 return await self._observation(payload, seq)
-            self._end_episode("started" if kind == "episode_start" else "ended")
+            self._end_episode("ended" if kind == "episode_end" else "ended by the next episode_start")
             return None
         except FrameRefused as exc:
             return self.endpoint.error_frame(seq, exc.code, exc.message)
