@@ -98,6 +98,19 @@ def test_a_leaf_uses_only_its_declared_dependencies(directory, dependencies):
     assert not offending, f"{directory} may use only {sorted(dependencies)} and the stdlib: {offending}"
 
 
+# The peers EvalForge interoperates with (issue 18) are test dependencies only: services speak their
+# protocols from their own code (services/protocol/openpi.py, vla_eval.py), never through their packages.
+PEER_PACKAGES = {"vla_eval", "openpi", "openpi_client", "openpi_server"}
+
+
+def test_services_never_import_the_peers_they_speak_to():
+    offending = [f"{path.relative_to(REPO)}:{line} imports {module}"
+                 for path in sorted((REPO / "services").rglob("*.py"))
+                 for module, line in imported_modules(path).items()
+                 if module.split(".")[0] in PEER_PACKAGES]
+    assert not offending, f"services/ speaks openpi's and vla-eval's protocols without their packages: {offending}"
+
+
 @pytest.mark.parametrize("gone", ["trainer/policy_file.py", "services/policy_server/policy_format.py",
                                   "services/broker.py", "services/episode_queue.py", "services/client_cli.py",
                                   "services/protocol/launcher.py", "services/protocol/_speedups.c", "setup.py"])

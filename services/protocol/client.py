@@ -249,7 +249,8 @@ def checked_actions(actions: object, action_dim: int | None) -> np.ndarray:
     if action_dim is not None and actions.shape[-1] != action_dim:
         raise PolicyError("invalid_actions", f"the server's actions have shape {shape}; expected {want}: this "
                                              f"policy's actions have {action_dim} values")
-    chunk = np.ascontiguousarray(actions.reshape(1, -1) if actions.ndim == 1 else actions, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # (what does not fit float32 is refused just below)
+        chunk = np.ascontiguousarray(actions.reshape(1, -1) if actions.ndim == 1 else actions, dtype=np.float32)
     if not np.isfinite(chunk).all():
         raise PolicyError("invalid_actions", f"the server's actions (shape {shape}) hold NaN or infinity "
                                              "(as float32)")
@@ -392,6 +393,8 @@ class WebSocketAdapter(PolicyAdapter):
             assert self._ws is not None
             try:
                 return exchange(self._ws)
+            except PolicyTimeout:
+                raise  # (a TimeoutError is an OSError: without this, a timed-out call would be sent again)
             except (ConnectionClosed, OSError, EOFError):
                 self.close()
                 if attempt == 2:

@@ -65,7 +65,7 @@ from services.protocol.client import (
 from services.protocol.codec import ProtocolError, unpackb
 from services.protocol.messages import ActionsReply, Observation
 
-__all__ = ["VLA_EVAL_PROTOCOL_VERSION", "VlaEvalClient", "png_bytes", "server_info_from_hello"]
+__all__ = ["VLA_EVAL_PROTOCOL_VERSION", "VlaEvalClient", "pack_frame", "png_bytes", "server_info_from_hello"]
 
 VLA_EVAL_PROTOCOL_VERSION = 1
 CLIENT_NAME = "evalforge"
@@ -104,7 +104,8 @@ def _encode(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} in a vla-eval frame")
 
 
-def _frame(kind: str, payload: dict[str, Any], seq: int) -> bytes:
+def pack_frame(kind: str, payload: dict[str, Any], seq: int) -> bytes:
+    """One vla-eval message frame: ``{type, payload, seq, timestamp}``, arrays and images as ``_encode`` sends them."""
     return msgpack.packb({"type": kind, "payload": payload, "seq": seq, "timestamp": time.time()},
                          default=_encode, use_bin_type=True)
 
@@ -165,7 +166,7 @@ class VlaEvalClient(WebSocketAdapter):
 
     def _send(self, ws: ClientConnection, kind: str, payload: dict[str, Any]) -> int:
         self._seq += 1
-        ws.send(_frame(kind, payload, self._seq))
+        ws.send(pack_frame(kind, payload, self._seq))
         return self._seq
 
     def _message(self, frame: str | bytes) -> dict[str, Any]:
