@@ -217,10 +217,12 @@ class EvalForgeClient:
     def submit_evaluation(self, policy_id: int, suite: str, episodes_per_task: int, *, seed: int = 0,
                           tasks: list[str] | None = None, max_steps: int | None = None,
                           tags: list[str] | None = None, idempotency_key: str | None = None,
-                          cameras: dict[str, tuple[int, int]] | None = None) -> EvaluationDetail:
+                          cameras: dict[str, tuple[int, int]] | None = None,
+                          inference: dict[str, Any] | None = None) -> EvaluationDetail:
         """Start an evaluation; returns its report (status ``pending``).
 
-        ``cameras`` (``{camera: (height, width)}``) overrides the cameras the policy asks for.
+        ``cameras`` (``{camera: (height, width)}``) overrides the cameras the policy asks for;
+        ``inference`` sets ``action_horizon`` or ``temporal_ensemble`` (default: whole chunks).
 
         With ``idempotency_key``, a retry of the same request returns the same evaluation
         instead of starting a second one.
@@ -235,6 +237,8 @@ class EvalForgeClient:
             body["tags"] = list(tags)
         if cameras is not None:
             body["cameras"] = {name: list(size) for name, size in cameras.items()}
+        if inference:
+            body["inference"] = dict(inference)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
         return EvaluationDetail.model_validate(
             self._request("POST", "/evaluations", json=body, headers=headers).json())

@@ -42,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                metavar="NAME[=HxW]", help=(
                                    "render this camera of the suite for the policy (repeatable; default size: "
                                    "the suite's); default: the cameras the policy asks for"))
+    inference = submit_parser.add_mutually_exclusive_group()
+    inference.add_argument("--action-horizon", type=positive_int, metavar="K", help=(
+        "execute the first K actions of each chunk, then ask again (default: the whole chunk)"))
+    inference.add_argument("--temporal-ensemble", type=float, metavar="M", help=(
+        "ACT's temporal ensembling: a chunk every step, overlapping actions averaged with weights exp(-M·i)"))
     submit_parser.add_argument("--idempotency-key", metavar="KEY",
                                help="retry-safe submission: the same key and request return the same evaluation")
     add_watch_options(submit_parser)
@@ -112,7 +117,10 @@ def submit(args: argparse.Namespace, client: EvalForgeClient) -> int:
     cameras = None if args.cameras is None else _camera_sizes(client, args.suite, args.cameras)
     report = client.submit_evaluation(policy.id, args.suite, args.episodes_per_task, seed=args.seed,
                                       tasks=args.tasks, max_steps=args.max_steps, tags=args.tags,
-                                      idempotency_key=args.idempotency_key, cameras=cameras)
+                                      idempotency_key=args.idempotency_key, cameras=cameras,
+                                      inference={key: value for key, value in (
+                                          ("action_horizon", args.action_horizon),
+                                          ("temporal_ensemble", args.temporal_ensemble)) if value is not None})
     if not args.json:
         print(f"submitted evaluation {report.id}: {report.policy.label} on {report.suite}, "
               f"{report.episodes_total} episodes ({len(report.tasks)} tasks × {report.episodes_per_task})"

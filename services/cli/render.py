@@ -144,6 +144,8 @@ def print_results(report: EvaluationDetail, console: Console) -> None:
     """Per-task results of an evaluation: episodes, success rate with its 95% interval, mean steps,
     median policy latency and failure reasons, then the overall row."""
     title = f"evaluation {report.id} · {report.policy.label} · {report.suite} · {report.status}"
+    if not report.inference.is_default:
+        title += f" · {report.inference.label}"
     table = Table(title=title, title_justify="left")
     table.add_column("task")
     for column in ("episodes", "success", "95% CI", "mean steps", "latency p50"):
@@ -179,19 +181,21 @@ def print_leaderboard(board: LeaderboardOut, console: Console) -> None:
     for column in ("success", "95% CI", "episodes", "evaluation"):
         table.add_column(column, justify="right")
     table.add_column("finished (UTC)")
+    table.add_column("inference")
     for entry in board.entries:
         table.add_row(str(entry.rank), entry.policy.name, entry.policy.version, percent(entry.success_rate),
-                      interval(entry.ci95), str(entry.episodes), str(entry.evaluation_id), _when(entry.finished_at))
+                      interval(entry.ci95), str(entry.episodes), str(entry.evaluation_id), _when(entry.finished_at),
+                      "" if entry.inference.is_default else entry.inference.label)
     print_table(console, table)
 
 
 def print_policies(policies: Iterable[PolicySummary], console: Console) -> None:
     table = Table()
-    for column in ("id", "name", "version", "checkpoint", "tasks", "endpoint", "registered (UTC)"):
+    for column in ("id", "name", "version", "protocol", "checkpoint", "tasks", "endpoint", "registered (UTC)"):
         table.add_column(column, justify="right" if column in ("id", "tasks") else "left")
     for p in policies:
-        table.add_row(str(p.id), p.name, p.version, p.checkpoint_sha256[:12], str(p.task_count), p.endpoint,
-                      _when(p.created_at))
+        table.add_row(str(p.id), p.name, p.version, p.protocol, (p.checkpoint_sha256 or p.revision or "")[:12],
+                      str(p.task_count) if p.task_count else "any", p.endpoint, _when(p.created_at))
     print_table(console, table)
 
 
@@ -200,7 +204,8 @@ def print_evaluations(evaluations: Iterable[EvaluationOut], console: Console) ->
     for column in ("id", "policy", "suite", "status", "episodes", "success", "created (UTC)", "tags"):
         table.add_column(column, justify="right" if column in ("id", "episodes", "success") else "left")
     for e in evaluations:
-        table.add_row(str(e.id), e.policy.label, e.suite + ("" if e.standard else " (subset)"), e.status,
+        subset = "" if e.standard else (" (subset)" if e.inference.is_default else f" ({e.inference.label})")
+        table.add_row(str(e.id), e.policy.label, e.suite + subset, e.status,
                       str(e.episodes_total), percent(e.success_rate), _when(e.created_at), ", ".join(e.tags))
     print_table(console, table)
 

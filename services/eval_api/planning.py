@@ -21,6 +21,7 @@ from benchmarks.registry import catalogue
 from benchmarks.suite import close_matches, evaluation_seed
 from services.eval_api.errors import ApiError
 from services.eval_api.schemas import EvaluationCreate
+from services.protocol.adapters import IMAGES_RULE
 from services.store.models import Policy
 from services.store.queries import EpisodeSpec
 
@@ -46,6 +47,7 @@ class EvaluationPlan:
     episodes: list[EpisodeSpec]
     standard: bool
     cameras: dict[str, list[int]]
+    inference: dict[str, Any]  # only the settings that differ from the defaults
 
 
 def plan_evaluation(request: EvaluationCreate, policy: Policy, *, max_episodes: int) -> EvaluationPlan:
@@ -59,12 +61,15 @@ def plan_evaluation(request: EvaluationCreate, policy: Policy, *, max_episodes: 
         raise ApiError(422, "unknown_task", f"suite {suite['name']} has no task {unknown[0]!r}{hint}; "
                        f"GET /suites/{suite['name']} lists its {len(limits)} tasks",
                        {"unknown_tasks": unknown})
-    if (policy.state_dim, policy.action_dim) != (suite["state_dim"], suite["action_dim"]):
+    # A dimension the server did not say (openpi) is the suite's; every reply is checked against it.
+    dims = (policy.state_dim or suite["state_dim"], policy.action_dim or suite["action_dim"])
+    if dims != (suite["state_dim"], suite["action_dim"]):
         raise ApiError(422, "incompatible_policy",
                        f"policy {policy.id} ({policy.name}) has state/action dims {policy.state_dim}/"
                        f"{policy.action_dim} but suite {suite['name']} needs {suite['state_dim']}/"
                        f"{suite['action_dim']}; evaluate it on a suite with its dimensions")
-    known = set(policy.tasks)
+    # A server that announced no tasks takes any instruction (openpi, vla-eval: language-conditioned).
+    known = set(policy.tasks) if policy.tasks else set(tasks)
     missing = [task for task in tasks if task not in known]
     if missing:
         usable = [task for task in tasks if task in known]
@@ -89,19 +94,36 @@ def plan_evaluation(request: EvaluationCreate, policy: Policy, *, max_episodes: 
     episodes = [EpisodeSpec(task=task, seed=evaluation_seed(request.seed + i),
                             max_steps=request.max_steps or limits[task])
                 for task in tasks for i in range(request.episodes_per_task)]
-    standard = set(tasks) == set(limits) and all(spec.max_steps == limits[spec.task] for spec in episodes)
+    inference = request.inference
+    horizon = inference.action_horizon
+    if horizon is not None and policy.chunk_size is not None and horizon > policy.chunk_size:
+        raise ApiError(422, "invalid_inference",
+                       f"action_horizon {horizon} is longer than policy {policy.id}'s chunks of "
+                       f"{policy.chunk_size} actions; use at most {policy.chunk_size}")
+    # Non-default inference settings measure something else: ranked only among non-standard runs, marked.
+    standard = (set(tasks) == set(limits) and all(spec.max_steps == limits[spec.task] for spec in episodes)
+                and inference.is_default)
     return EvaluationPlan(tasks=tasks, episodes=episodes, standard=standard,
-                          cameras=plan_cameras(request, policy, suite))
+                          cameras=plan_cameras(request, policy, suite),
+                          inference=inference.model_dump(exclude_none=True))
 
 
 def plan_cameras(request: EvaluationCreate, policy: Policy, suite: dict[str, Any]) -> dict[str, list[int]]:
     """The cameras the evaluation renders: the request's, else those the policy's handshake asks for.
 
     Every one must be a camera of the suite; a policy that declares cameras must get each of
-    them at its own size (its server refuses any other image), so an override may only add.
+    them at its own size (its server refuses any other image), so an override may only add. A
+    server that declares none but whose ``observation_keys`` map ``images.<camera>`` fields gets
+    those cameras at the suite's default sizes.
     """
     available = {camera["name"]: camera for camera in suite.get("cameras", [])}
     wanted = {name: list(size) for name, size in (policy.cameras or {}).items()}
+    if not wanted and policy.observation_keys:
+        # A server that announces no sizes gets the cameras its key map names, at the suite's sizes.
+        named = [key.removeprefix("images.") for key in policy.observation_keys
+                 if key.startswith("images.") and key != IMAGES_RULE]
+        wanted = {name: [available[name]["height"], available[name]["width"]] if name in available else [96, 96]
+                  for name in named}
     chosen = {name: list(size) for name, size in
               (request.cameras if request.cameras is not None else wanted).items()}
     unknown = [name for name in chosen if name not in available]

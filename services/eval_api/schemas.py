@@ -30,6 +30,7 @@ from services.store.statuses import (
     TERMINAL_EPISODE_STATUSES,
     EpisodeStatus,
     EvaluationStatus,
+    PolicyProtocol,
 )
 
 MAX_ID = 2**63 - 1  # ids are 64-bit; larger numbers are refused before they reach the database
@@ -123,14 +124,33 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 # ---------------------------------------------------------------------------- policies
 
 
+ObservationKey = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=_NO_CONTROL)]
+
+
 class PolicyCreate(_Request):
     model_config = ConfigDict(json_schema_extra={"examples": [
-        {"name": "bc", "endpoint": "ws://policy.test:8000/ws"}]})
+        {"name": "bc", "endpoint": "ws://policy.test:8000/ws"},
+        {"name": "pi05-libero", "endpoint": "ws://gpu-3:8000", "protocol": "openpi", "revision": "pi05-libero-v1",
+         "action_dim": 4, "observation_keys": {"state": "observation/state", "images.corner": "observation/image",
+                                               "images.gripper": "observation/wrist_image", "task": "prompt"}}]})
 
     name: Name = Field(description="Policy name, e.g. `metaworld-mt10-bc`.")
-    version: Version | None = Field(
-        None, description="Version label; default: the first 12 hex digits of the checkpoint's sha256.")
+    version: Version | None = Field(None, description=(
+        "Version label; default: the first 12 hex digits of the checkpoint's sha256, or the revision."))
     endpoint: Endpoint = Field(description="The policy server's WebSocket URL, e.g. `ws://gpu-3:8000/ws`.")
+    protocol: PolicyProtocol = Field(PolicyProtocol.EVALFORGE, description=(
+        "What the server speaks: `evalforge` (ours), `openpi` (openpi's WebsocketPolicyServer) or `vla-eval` "
+        "(a vla-eval model server)."))
+    observation_keys: dict[ObservationKey, ObservationKey] | None = Field(None, max_length=64, description=(
+        "Canonical field (`state`, `task`, `images.<camera>`) → the key the server reads it from; default: "
+        "the protocol's (docs/remote-policies.md). Not for `evalforge` servers."))
+    action_dim: int | None = Field(None, ge=1, le=1_000_000, description=(
+        "Where the server does not say: its action dimension (default: each evaluation's suite's, every reply "
+        "checked against it)."))
+    chunk_size: int | None = Field(None, ge=1, le=1_000_000, description="Where the server does not say: "
+                                   "actions per reply (informational; replies are checked by shape).")
+    revision: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")] | None = Field(
+        None, description="Names the checkpoint where the server has no sha256 (part of its leaderboard identity).")
 
 
 class PolicySummary(_PolicyLabel, _Response):
@@ -141,11 +161,13 @@ class PolicySummary(_PolicyLabel, _Response):
     name: str
     version: str
     endpoint: str
-    checkpoint_sha256: str
-    state_dim: int
-    action_dim: int
-    chunk_size: int
-    task_count: int = Field(description="How many tasks the policy server announced.")
+    protocol: PolicyProtocol = PolicyProtocol.EVALFORGE
+    checkpoint_sha256: str | None = Field(description="None for a server that names no sha256 (see `revision`).")
+    revision: str | None = None
+    state_dim: int | None
+    action_dim: int | None = Field(description="None: each evaluation's suite's.")
+    chunk_size: int | None
+    task_count: int = Field(description="How many tasks the policy server announced (0: any instruction).")
     cameras: dict[str, list[int]] = Field(default_factory=dict, description=(
         "`{camera: [height, width]}` the server's handshake asks for; empty for a state-only policy."))
     created_at: datetime
@@ -176,16 +198,56 @@ class PolicyOut(PolicySummary):
     """One policy, with the tasks its server announced."""
 
     tasks: list[str]
+    observation_keys: dict[str, str] | None = Field(None, description=(
+        "Where its server reads each canonical field (None: the protocol's defaults)."))
+    server_info: dict[str, Any] | None = Field(None, description="What the server said at registration.")
 
 
 class PolicyRef(_PolicyLabel, _Response):
     id: int
     name: str
     version: str
-    checkpoint_sha256: str
+    checkpoint_sha256: str | None
+    revision: str | None = None
 
 
 # ---------------------------------------------------------------------------- evaluations
+
+
+class InferenceSettings(BaseModel):
+    """How the workers turn the policy's action chunks into the actions they execute.
+
+    Part of what an evaluation measures (execution horizons and ensembling move success
+    rates by tens of points), so stored with it, shown with its results, and marked on the
+    leaderboard when not the defaults.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    action_horizon: int | None = Field(None, ge=1, le=10_000, description=(
+        "Execute the first k actions of each chunk, then ask again (LeRobot's n_action_steps, openpi's "
+        "replan_steps); default: the whole chunk."))
+    temporal_ensemble: float | None = Field(None, ge=0, le=10, description=(
+        "ACT's temporal ensembling: a new chunk every step, the actions chunks predict for the same step "
+        "averaged with weights exp(-m·i), i = 0 for the oldest; m = this value. Default: off."))
+
+    @model_validator(mode="after")
+    def _one_of(self) -> InferenceSettings:
+        if self.action_horizon is not None and self.temporal_ensemble is not None:
+            raise ValueError("action_horizon and temporal_ensemble exclude each other: ensembling asks for a "
+                             "chunk every step; set one")
+        return self
+
+    @property
+    def is_default(self) -> bool:
+        return self.action_horizon is None and self.temporal_ensemble is None
+
+    @property
+    def label(self) -> str:
+        """``whole chunk``, ``horizon 1`` or ``ensemble m=0.01``: how tables and pages name it."""
+        if self.temporal_ensemble is not None:
+            return f"ensemble m={self.temporal_ensemble:g}"
+        return "whole chunk" if self.action_horizon is None else f"horizon {self.action_horizon}"
 
 
 class EvaluationCreate(_Request):
@@ -208,6 +270,8 @@ class EvaluationCreate(_Request):
         "`{camera: [height, width]}` to render and send at each inference step, from the suite's cameras "
         "(`GET /suites/{name}`); default: the cameras the policy's handshake asks for. A policy that "
         "declares cameras must get those, at its sizes."))
+    inference: InferenceSettings = Field(default_factory=InferenceSettings, description=(
+        "Inference settings (default: execute each whole chunk, no ensembling)."))
 
     @field_validator("tasks")
     @classmethod
@@ -255,6 +319,7 @@ class EvaluationOut(_Response):
     standard: bool = Field(description="Every task of the suite at its standard step limits (leaderboard-eligible).")
     cameras: dict[str, list[int]] = Field(default_factory=dict, description=(
         "`{camera: [height, width]}` the workers rendered and sent to the policy; empty: state only."))
+    inference: InferenceSettings = Field(default_factory=InferenceSettings)
     tags: list[str]
     status: EvaluationStatus
     episodes_total: int
@@ -269,6 +334,12 @@ class EvaluationOut(_Response):
     def _no_cameras(cls, cameras: Any) -> Any:
         """Rows written before cameras were recorded hold NULL: state only."""
         return {} if cameras is None else cameras
+
+    @field_validator("inference", mode="before")
+    @classmethod
+    def _default_inference(cls, inference: Any) -> Any:
+        """Rows written before inference settings were recorded hold NULL: the defaults."""
+        return {} if inference is None else inference
 
 
 class EvaluationDetail(EvaluationOut):
@@ -329,6 +400,8 @@ class LeaderboardEntryOut(BaseModel):
     rank: int
     policy: PolicyRef
     evaluation_id: int
+    inference: InferenceSettings = Field(default_factory=InferenceSettings, description=(
+        "The evaluation's inference settings; entries with other than the defaults are marked."))
     success_rate: float
     ci95: Interval
     episodes: int = Field(description="Scored episodes behind the success rate.")

@@ -60,6 +60,7 @@ from services.store.statuses import (  # noqa: F401  (re-exported)
     EpisodeStatus,
     EvaluationStatus,
     FailureReason,
+    PolicyProtocol,
 )
 
 # 64-bit keys on PostgreSQL; on SQLite only "INTEGER PRIMARY KEY" is the auto-assigned rowid.
@@ -131,17 +132,26 @@ class Policy(Base):
     """A policy server registered for evaluation, with what its handshake said."""
 
     __tablename__ = "policies"
-    __table_args__ = (UniqueConstraint("name", "version"),)
+    __table_args__ = (UniqueConstraint("name", "version"), _check_in("protocol", PolicyProtocol, "protocol"))
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
     version: Mapped[str] = mapped_column(String(100))
     endpoint: Mapped[str] = mapped_column(String(2000))
-    checkpoint_sha256: Mapped[str] = mapped_column(String(64))
-    state_dim: Mapped[int] = mapped_column(Integer)
-    action_dim: Mapped[int] = mapped_column(Integer)
-    chunk_size: Mapped[int] = mapped_column(Integer)
-    tasks: Mapped[list[str]] = mapped_column(JsonDoc)
+    protocol: Mapped[str] = mapped_column(String(16), default=PolicyProtocol.EVALFORGE.value,
+                                          server_default=PolicyProtocol.EVALFORGE.value)
+    # None where the server does not say (openpi's metadata is free-form): an evaluation then takes
+    # the action dimension from its suite and checks every reply against it.
+    checkpoint_sha256: Mapped[str | None] = mapped_column(String(64))
+    revision: Mapped[str | None] = mapped_column(String(64))  # names the checkpoint where there is no sha256
+    state_dim: Mapped[int | None] = mapped_column(Integer)
+    action_dim: Mapped[int | None] = mapped_column(Integer)
+    chunk_size: Mapped[int | None] = mapped_column(Integer)
+    tasks: Mapped[list[str]] = mapped_column(JsonDoc)  # [] from a server that takes any instruction
+    # canonical field (state, task, images.<camera>) -> the key the server reads; None: the protocol's defaults.
+    observation_keys: Mapped[dict[str, str] | None] = mapped_column(JsonDoc)
+    # What the server said at registration (its metadata or hello reply), a capped JSON summary.
+    server_info: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
     # {camera: [height, width]} the server's handshake asks for; None (rows before 0006) or {}: state only.
     cameras: Mapped[dict[str, list[int]] | None] = mapped_column(JsonDoc)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
@@ -178,6 +188,8 @@ class Evaluation(Base):
     standard: Mapped[bool] = mapped_column(Boolean)
     # {camera: [height, width]} the workers render and send at each inference step; None or {}: none.
     cameras: Mapped[dict[str, list[int]] | None] = mapped_column(JsonDoc)
+    # {"action_horizon": k | None, "temporal_ensemble": m | None}; None (rows before 0007): the defaults.
+    inference: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
     status: Mapped[str] = mapped_column(String(16), default=EvaluationStatus.PENDING.value)
     # The key that submitted it: only that key (or an admin) may cancel it; idempotency keys are per API key.
     created_by_key_id: Mapped[int | None] = mapped_column(

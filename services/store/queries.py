@@ -44,6 +44,7 @@ from sqlalchemy import (
     func,
     insert,
     literal,
+    null,
     or_,
     select,
     update,
@@ -103,16 +104,22 @@ class NotOwner(StoreError):
 # ---------------------------------------------------------------------------- policies
 
 
-def create_policy(session: Session, *, name: str, version: str, endpoint: str, checkpoint_sha256: str,
-                  state_dim: int, action_dim: int, chunk_size: int, tasks: Sequence[str],
-                  cameras: Mapping[str, Sequence[int]] | None = None,
+def create_policy(session: Session, *, name: str, version: str, endpoint: str, checkpoint_sha256: str | None,
+                  state_dim: int | None, action_dim: int | None, chunk_size: int | None, tasks: Sequence[str],
+                  cameras: Mapping[str, Sequence[int]] | None = None, protocol: str = "evalforge",
+                  revision: str | None = None, observation_keys: Mapping[str, str] | None = None,
+                  server_info: Mapping[str, Any] | None = None,
                   created_by_key_id: int | None = None) -> Policy:
     """Insert a policy, owned by API key ``created_by_key_id``; ``Conflict`` if ``(name, version)`` is taken.
 
-    ``cameras``: ``{camera: (height, width)}`` its handshake asks for (none: a state-only policy)."""
-    policy = Policy(name=name, version=version, endpoint=endpoint, checkpoint_sha256=checkpoint_sha256,
-                    state_dim=state_dim, action_dim=action_dim, chunk_size=chunk_size, tasks=list(tasks),
-                    cameras=camera_sizes(cameras), created_by_key_id=created_by_key_id)
+    ``cameras``: ``{camera: (height, width)}`` its handshake asks for (none: a state-only policy).
+    ``protocol`` is the one its server speaks; openpi and vla-eval servers may leave the sha256
+    and the dimensions unsaid (None), and name their checkpoint by ``revision`` instead."""
+    policy = Policy(name=name, version=version, endpoint=endpoint, protocol=protocol,
+                    checkpoint_sha256=checkpoint_sha256, revision=revision, state_dim=state_dim,
+                    action_dim=action_dim, chunk_size=chunk_size, tasks=list(tasks), cameras=camera_sizes(cameras),
+                    observation_keys=dict(observation_keys) if observation_keys else None,
+                    server_info=dict(server_info) if server_info else None, created_by_key_id=created_by_key_id)
     session.add(policy)
     try:
         session.commit()
@@ -174,7 +181,8 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
                       tags: Sequence[str], episodes: Sequence[EpisodeSpec],
                       idempotency_key: str | None = None, request_sha256: str | None = None,
                       created_by_key_id: int | None = None,
-                      cameras: Mapping[str, Sequence[int]] | None = None) -> CreatedEvaluation:
+                      cameras: Mapping[str, Sequence[int]] | None = None,
+                      inference: Mapping[str, Any] | None = None) -> CreatedEvaluation:
     """Insert an evaluation, owned by API key ``created_by_key_id``, and all its ``pending``
     episode rows in one transaction.
 
@@ -183,7 +191,8 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
     another request, raises ``IdempotencyConflict``. Idempotency keys are per API key:
     another key's use of the same string is never seen. Two concurrent requests with
     one key resolve the same way, through the unique index on (API key, idempotency key).
-    ``cameras`` (``{camera: (height, width)}``) are what its workers render for the policy.
+    ``cameras`` (``{camera: (height, width)}``) are what its workers render for the policy;
+    ``inference`` its inference settings (``action_horizon``, ``temporal_ensemble``).
     """
     if not episodes:
         raise ValueError("an evaluation needs at least one episode")
@@ -201,6 +210,7 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
         max_steps=max_steps, standard=standard, status=EvaluationStatus.PENDING.value,
         idempotency_key=idempotency_key, request_sha256=request_sha256, episodes_total=len(episodes),
         created_by_key_id=created_by_key_id, cameras=camera_sizes(cameras),
+        inference=dict(inference) if inference else null(),  # SQL NULL (not JSON null): the defaults
         created_at=now, tag_rows=[EvaluationTag(tag=tag) for tag in sorted(set(tags))])
     session.add(evaluation)
     try:
@@ -572,6 +582,7 @@ class LeaderboardEntry:
     ci_high: float
     episodes: int
     finished_at: datetime
+    inference: dict[str, Any] | None = None
 
 
 def leaderboard(session: Session, suite: str, *, include_nonstandard: bool = False,
@@ -591,11 +602,12 @@ def leaderboard(session: Session, suite: str, *, include_nonstandard: bool = Fal
                      func.row_number().over(partition_by=Evaluation.policy_id, order_by=order).label("rn"))
               .where(*conditions).subquery())
     query = (select(Policy, Evaluation.id, Evaluation.success_rate, Evaluation.success_ci_low,
-                    Evaluation.success_ci_high, Evaluation.episodes_scored, Evaluation.finished_at)
+                    Evaluation.success_ci_high, Evaluation.episodes_scored, Evaluation.finished_at,
+                    Evaluation.inference)
              .select_from(Evaluation)
              .join(ranked, and_(ranked.c.evaluation_id == Evaluation.id, ranked.c.rn == 1))
              .join(Policy, Policy.id == Evaluation.policy_id)
              .order_by(*order).limit(limit))
     return [LeaderboardEntry(rank=rank, policy=row[0], evaluation_id=row[1], success_rate=row[2], ci_low=row[3],
-                             ci_high=row[4], episodes=row[5], finished_at=row[6])
+                             ci_high=row[4], episodes=row[5], finished_at=row[6], inference=row[7])
             for rank, row in enumerate(session.execute(query), start=1)]

@@ -58,3 +58,11 @@ class FailureReason(enum.StrEnum):
 # Failures the policy is not answerable for: left out of success rates (but reported).
 HARNESS_FAILURES = (FailureReason.ENV_ERROR, FailureReason.WORKER_LOST, FailureReason.CHECKPOINT_MISMATCH,
                     FailureReason.ENDPOINT_REFUSED, FailureReason.POLICY_UNREACHABLE)
+
+
+class PolicyProtocol(enum.StrEnum):
+    """The wire protocol a registered policy server speaks (``services.protocol.adapters``)."""
+
+    EVALFORGE = "evalforge"  # ours: metadata with the checkpoint's sha256, dims, tasks, cameras
+    OPENPI = "openpi"  # openpi's WebsocketPolicyServer: free-form metadata, bare observation dicts
+    VLA_EVAL = "vla-eval"  # allenai's vla-eval model servers: hello, episode_start/observation/episode_end

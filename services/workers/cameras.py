@@ -23,19 +23,26 @@ import numpy as np
 
 from benchmarks.runner import EnvFailure
 from benchmarks.suite import EpisodeEnv, SimObservation
-from services.protocol.client import ActionChunkBroker
+from services.protocol.ensemble import Broker
 
 
-def observing_policy(env: EpisodeEnv, broker: ActionChunkBroker,
-                     cameras: Mapping[str, Sequence[int]] | None) -> Callable[[SimObservation], np.ndarray]:
-    """``broker.act``, with ``cameras`` rendered into the observation at the steps it infers."""
+def observing_policy(env: EpisodeEnv, broker: Broker,
+                     cameras: Mapping[str, Sequence[int]] | None, *,
+                     task_text: str | None = None) -> Callable[[SimObservation], np.ndarray]:
+    """``broker.act``, with ``cameras`` rendered into the observation at the steps it infers.
+
+    ``task_text`` replaces the observation's task name (what a language-conditioned policy of
+    another protocol is told: the task's instruction).
+    """
     sizes = {name: (int(height), int(width)) for name, (height, width) in (cameras or {}).items()}
-    if not sizes:
+    if not sizes and task_text is None:
         return broker.act
 
     def act(obs: SimObservation) -> np.ndarray:
         if broker.needs_observation:
-            obs = {**obs, "images": render(env, sizes)}
+            obs = {**obs, "task": task_text} if task_text is not None else dict(obs)
+            if sizes:
+                obs["images"] = render(env, sizes)
         return broker.act(obs)
 
     return act

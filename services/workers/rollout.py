@@ -28,7 +28,8 @@ import numpy as np
 from benchmarks.registry import get_suite
 from benchmarks.runner import EnvFailure, run_policy_episode
 from benchmarks.suite import EpisodeEnv, evaluation_seed
-from services.protocol.client import ActionChunkBroker, PolicyClient, latency_summary_ms
+from services.protocol.client import PolicyClient, latency_summary_ms
+from services.protocol.ensemble import make_broker
 from services.store import aggregates
 from services.store.models import EpisodeStatus, FailureReason
 from services.workers.cameras import observing_policy
@@ -60,11 +61,12 @@ def check_policy_fits_suite(client: PolicyClient, suite_name: str, tasks: list[s
 
 def rollout(url: str, suite_name: str, tasks: list[str], episodes_per_task: int, *,
             max_steps: int | None = None, first_episode: int = 0,
-            on_episode: Callable[[str, int], None] | None = None) -> list[dict]:
+            on_episode: Callable[[str, int], None] | None = None,
+            inference: dict | None = None) -> list[dict]:
     """Play every (task, evaluation seed) episode in order; one result dict per episode.
 
     ``on_episode(task, seed)`` is called as each episode starts (the command's progress
-    bar). Raises ``PolicyMismatch`` before the first episode if the policy at ``url``
+    bar). ``inference`` is an evaluation's inference settings (``services.protocol.ensemble``). Raises ``PolicyMismatch`` before the first episode if the policy at ``url``
     does not fit the suite.
     """
     suite = get_suite(suite_name)
@@ -86,7 +88,7 @@ def rollout(url: str, suite_name: str, tasks: list[str], episodes_per_task: int,
                     seed = evaluation_seed(first_episode + i)
                     if on_episode is not None:
                         on_episode(task, seed)
-                    broker = ActionChunkBroker(client, episode_id=f"rollout-{task}-{seed}")
+                    broker = make_broker(client, inference, episode_id=f"rollout-{task}-{seed}")
                     started = time.perf_counter()
                     try:
                         outcome = run_policy_episode(env, observing_policy(env, broker, cameras), seed=seed)

@@ -50,6 +50,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from celery.exceptions import SoftTimeLimitExceeded
@@ -61,11 +62,10 @@ from benchmarks.registry import get_suite
 from benchmarks.runner import EnvFailure, run_policy_episode
 from benchmarks.suite import EpisodeEnv
 from services.policy_hosts import EndpointRefused, check_endpoint
+from services.protocol.adapters import PolicyAdapter, make_client
 from services.protocol.client import (
-    ActionChunkBroker,
     CheckpointMismatch,
     ClientSettings,
-    PolicyClient,
     PolicyError,
     PolicyTimeout,
     PolicyUnavailable,
@@ -73,9 +73,17 @@ from services.protocol.client import (
     backoff_delays,
     latency_summary_ms,
 )
+from services.protocol.ensemble import make_broker
 from services.protocol.messages import ErrorCode
 from services.store import queries
-from services.store.models import Episode, EpisodeStatus, Evaluation, FailureReason, Policy
+from services.store.models import (
+    Episode,
+    EpisodeStatus,
+    Evaluation,
+    FailureReason,
+    Policy,
+    PolicyProtocol,
+)
 from services.workers.cameras import observing_policy
 from services.workers.replays import ReplayRecorder, replay_camera, save_replay
 from services.workers.settings import WorkerSettings
@@ -172,7 +180,7 @@ def episode_time_limit(max_steps: int, settings: WorkerSettings) -> float:
 
 # ---------------------------------------------------------------------------- per-process caches
 
-_clients: dict[tuple[str, str], PolicyClient] = {}
+_clients: dict[tuple, PolicyAdapter] = {}
 _envs: dict[tuple[str, str], EpisodeEnv] = {}
 _cache_pid = os.getpid()
 
@@ -186,16 +194,24 @@ def _check_fork() -> None:
         _cache_pid = os.getpid()
 
 
-def policy_client(endpoint: str, checkpoint_sha256: str, settings: WorkerSettings) -> PolicyClient:
-    """This process's client for ``endpoint`` expecting ``checkpoint_sha256`` (connected lazily, on the
-    first call; every connection checks the server's checkpoint)."""
+def _client_key(job: _Job) -> tuple:
+    return (job.endpoint, job.protocol, job.checkpoint_sha256, job.action_dim,
+            tuple(sorted((job.observation_keys or {}).items())))
+
+
+def policy_client(job: _Job, settings: WorkerSettings) -> PolicyAdapter:
+    """This process's client for the job's policy server, in its protocol (connected lazily, on the
+    first call). For our servers every connection checks the checkpoint the policy was registered
+    with; the other protocols' replies are checked against the action dimension."""
     _check_fork()
-    key = (endpoint, checkpoint_sha256)
+    key = _client_key(job)
     client = _clients.get(key)
     if client is None:
-        client = PolicyClient(endpoint, ClientSettings(connect_deadline_s=settings.policy_connect_deadline_s,
-                                                       call_timeout_s=settings.policy_call_timeout_s),
-                              expected_checkpoint=checkpoint_sha256)
+        client = make_client(job.protocol, job.endpoint,
+                             ClientSettings(connect_deadline_s=settings.policy_connect_deadline_s,
+                                            call_timeout_s=settings.policy_call_timeout_s),
+                             observation_keys=job.observation_keys, expected_checkpoint=job.checkpoint_sha256,
+                             action_dim=job.action_dim)
         _clients[key] = client
     return client
 
@@ -242,20 +258,28 @@ class _Job:
     max_steps: int
     endpoint: str
     attempts: int
-    checkpoint_sha256: str
+    checkpoint_sha256: str | None
     cameras: dict[str, list[int]] | None
+    protocol: str
+    observation_keys: dict[str, str] | None
+    action_dim: int
+    inference: dict[str, Any]
 
 
 def _load_job(session: Session, episode_id: int) -> _Job:
     row = session.execute(
         select(Episode.evaluation_id, Episode.episode_index, Evaluation.suite, Episode.task, Episode.seed,
                Episode.max_steps, Policy.endpoint, Episode.attempts, Policy.checkpoint_sha256,
-               Evaluation.cameras)
+               Evaluation.cameras, Policy.protocol, Policy.observation_keys, Policy.action_dim,
+               Evaluation.inference)
         .join(Evaluation, Evaluation.id == Episode.evaluation_id)
         .join(Policy, Policy.id == Evaluation.policy_id)
         .where(Episode.id == episode_id)).one()
     session.rollback()
-    return _Job(episode_id, *row)
+    *fields, action_dim, inference = row
+    # A server that did not say its action dimension is held to the suite's.
+    return _Job(episode_id, *fields, action_dim=action_dim or get_suite(row.suite).action_dim,
+                inference=inference or {})
 
 
 def _why_not_claimed(session_factory: sessionmaker[Session], episode_id: int,
@@ -348,7 +372,7 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
     except EndpointRefused as exc:
         reason, message = FailureReason.ENDPOINT_REFUSED, f"not connecting to {job.endpoint}: {exc}"
     except CheckpointMismatch as exc:
-        client = _clients.pop((job.endpoint, job.checkpoint_sha256), None)
+        client = _clients.pop(_client_key(job), None)
         if client is not None:
             client.close()
         reason, message = FailureReason.CHECKPOINT_MISMATCH, str(exc)
@@ -417,9 +441,11 @@ def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Ca
     env.max_steps = job.max_steps
     clock.start()
     started = time.monotonic()
-    client = policy_client(job.endpoint, job.checkpoint_sha256, settings)
-    broker = ActionChunkBroker(client, episode_id=f"episode-{job.episode_id}-{job.attempts}")
-    act = policy = observing_policy(env, broker, job.cameras)
+    client = policy_client(job, settings)
+    broker = make_broker(client, job.inference, episode_id=f"episode-{job.episode_id}-{job.attempts}")
+    # Other protocols' policies are language-conditioned: they get the task's instruction, not its name.
+    task_text = None if job.protocol == PolicyProtocol.EVALFORGE else env.suite.instruction(job.task)
+    act = policy = observing_policy(env, broker, job.cameras, task_text=task_text)
     recorder = None
     if recorders is not None:
         recorder = ReplayRecorder(env, settings.replay_every,

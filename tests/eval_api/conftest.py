@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from services.eval_api.app import create_app
 from services.eval_api.handshake import HandshakeFailed
 from services.eval_api.settings import ApiSettings
+from services.protocol.adapters import ServerInfo
 from services.protocol.messages import Metadata
 from services.store.api_keys import create_api_key
 from services.store.db import make_session_factory
@@ -52,14 +53,20 @@ class RecordingQueue:
 
 @dataclass
 class ScriptedHandshake:
-    """Policy servers by endpoint; any other endpoint does not answer."""
+    """Policy servers by endpoint (what each says about itself); any other endpoint does not answer.
 
-    servers: dict[str, Metadata] = field(default_factory=dict)
+    ``asked`` records the protocol and key map each registration read the handshake with."""
 
-    def __call__(self, endpoint: str, timeout_s: float) -> Metadata:
+    servers: dict[str, Metadata | ServerInfo] = field(default_factory=dict)
+    asked: list[tuple[str, str, dict | None]] = field(default_factory=list)
+
+    def __call__(self, endpoint: str, timeout_s: float, protocol: str = "evalforge",
+                 observation_keys: dict | None = None) -> ServerInfo:
+        self.asked.append((endpoint, protocol, observation_keys))
         if endpoint not in self.servers:
             raise HandshakeFailed(f"no policy server answered at {endpoint} within {timeout_s:g}s")
-        return self.servers[endpoint]
+        server = self.servers[endpoint]
+        return ServerInfo.from_metadata(server) if isinstance(server, Metadata) else server
 
 
 def metadata(tasks: tuple[str, ...] = MT10_TASKS, sha: str = "ab" * 32, state_dim: int = 39,

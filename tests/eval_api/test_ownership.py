@@ -35,9 +35,9 @@ class RecordingHandshake:
     def __init__(self, inner):
         self.inner, self.contacted = inner, []
 
-    def __call__(self, endpoint, timeout_s, **kwargs):
+    def __call__(self, endpoint, timeout_s, *args, **kwargs):
         self.contacted.append(endpoint)
-        return self.inner(endpoint, timeout_s, **kwargs)
+        return self.inner(endpoint, timeout_s, *args, **kwargs)
 
 
 def test_a_read_key_cannot_write(api):

@@ -209,7 +209,7 @@ class ParkedHandshake:
         self.changed = threading.Condition()
         self.release = threading.Event()
 
-    def __call__(self, endpoint: str, timeout_s: float, **_: object):
+    def __call__(self, endpoint: str, timeout_s: float, *_: object, **__: object):
         with self.changed:
             self.entered += 1
             self.changed.notify_all()

@@ -15,7 +15,7 @@ from services.eval_api.deps import Credentials, SessionDep, SettingsDep, require
 from services.eval_api.errors import ApiError
 from services.eval_api.pages import plots, reads, tables
 from services.eval_api.planning import suites_by_name
-from services.eval_api.schemas import MAX_ID
+from services.eval_api.schemas import MAX_ID, InferenceSettings
 from services.eval_api.settings import ApiSettings
 from services.store import queries
 from services.store.aggregates import unranked_reason
@@ -141,6 +141,7 @@ def evaluation_page(evaluation_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], s
                                     title="histogram of per-episode mean policy latency")
     return render(
         "evaluation.html", evaluation=evaluation, results=results,
+        inference_label=InferenceSettings.model_validate(evaluation.inference).label if evaluation.inference else None,
         unranked_reason=unranked_reason(results["overall"]) if evaluation.finished_at is not None else None,
         harness_failures=[reason.value for reason in HARNESS_FAILURES],
         done=sum(counts[status.value] for status in TERMINAL_EPISODE_STATUSES), live=evaluation.finished_at is None,

@@ -18,6 +18,7 @@ from html import escape
 from markupsafe import Markup
 
 from services.eval_api.pages.plots import interval_bar
+from services.eval_api.schemas import InferenceSettings
 from services.store.models import Episode
 from services.store.queries import LeaderboardEntry
 
@@ -42,6 +43,14 @@ def ms(value: float | None) -> str:
     return "—" if value is None else f"{value:,.1f} ms"
 
 
+def _inference_badge(inference: dict | None) -> str:
+    """A marker for an entry whose evaluation did not execute whole chunks (its numbers measure that)."""
+    if not inference:
+        return ""
+    label = escape(InferenceSettings.model_validate(inference).label)
+    return f' <span class="badge" title="inference settings other than the defaults">{label}</span>'
+
+
 def leaderboard_rows(entries: Sequence[LeaderboardEntry], ui_root: str) -> Markup:
     """``<tr>`` per entry: rank, policy, success rate, interval bar and bounds, episodes, date, evaluation."""
     rows = []
@@ -50,7 +59,7 @@ def leaderboard_rows(entries: Sequence[LeaderboardEntry], ui_root: str) -> Marku
         rows.append(
             f'<tr><td class="num">{e.rank}</td>'
             f'<td class="policy"><a href="{ui_root}policies/{policy.id}">{escape(policy.name)}</a> '
-            f'<span class="ci">{escape(policy.version)}</span></td>'
+            f'<span class="ci">{escape(policy.version)}</span>{_inference_badge(e.inference)}</td>'
             f'<td class="num rate" data-value="{e.success_rate}">{pct(e.success_rate)}</td>'
             f'<td class="interval" data-value="{e.ci_low}">{interval_bar(e.success_rate, e.ci_low, e.ci_high)}'
             f'<span class="ci">{pct(e.ci_low)}–{pct(e.ci_high)}</span></td>'

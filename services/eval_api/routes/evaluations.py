@@ -98,7 +98,7 @@ def create_evaluation(body: EvaluationCreate, response: Response, background: Ba
             episodes_per_task=body.episodes_per_task, seed=body.seed, max_steps=body.max_steps,
             standard=plan.standard, tags=body.tags, episodes=plan.episodes, idempotency_key=idempotency_key,
             request_sha256=_request_sha256(body) if idempotency_key is not None else None,
-            created_by_key_id=caller.key_id, cameras=plan.cameras)
+            created_by_key_id=caller.key_id, cameras=plan.cameras, inference=plan.inference)
     except queries.IdempotencyConflict as exc:
         raise ApiError(409, "idempotency_conflict", str(exc), {"evaluation_id": exc.evaluation_id}) from exc
     evaluation = created.evaluation

@@ -35,5 +35,5 @@ def leaderboard(suite: Annotated[Name, Query(description="Suite name (`GET /suit
     return LeaderboardOut(suite=suite, include_nonstandard=include_nonstandard, entries=[
         LeaderboardEntryOut(rank=e.rank, policy=PolicyRef.model_validate(e.policy), evaluation_id=e.evaluation_id,
                             success_rate=e.success_rate, ci95=Interval(low=e.ci_low, high=e.ci_high),
-                            episodes=e.episodes, finished_at=e.finished_at)
+                            episodes=e.episodes, finished_at=e.finished_at, inference=e.inference or {})
         for e in entries])

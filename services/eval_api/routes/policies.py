@@ -8,6 +8,7 @@ network (see ``register_policy``).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Annotated
 
 import anyio
@@ -28,23 +29,54 @@ from services.eval_api.schemas import (
     PolicySummary,
     error_responses,
 )
-from services.protocol.messages import Metadata
+from services.protocol.adapters import ServerInfo, check_observation_keys
 from services.store import queries
 from services.store.models import Policy
 
 router = APIRouter(prefix="/policies", tags=["policies"])
 
 
-def _check_metadata(endpoint: str, meta: Metadata) -> None:
-    """Refuse a handshake whose dimensions the API could not use. The checkpoint's sha256, the task
-    list and the frame's size are checked where every client reads a handshake
-    (``services.protocol.messages.Metadata.from_msg``)."""
-    problems = [f"{what} {value} is out of range" for what, value in
-                (("state_dim", meta.state_dim), ("action_dim", meta.action_dim), ("chunk_size", meta.chunk_size))
-                if not 1 <= value <= 1_000_000]
+def _check_registration(body: PolicyCreate, info: ServerInfo) -> ServerInfo:
+    """What the registration stores: the server's word, completed by the request where the server is
+    silent; a 422 naming both sides where they disagree, or where the API could not use it."""
+    problems = []
+    dims = {}
+    for what in ("action_dim", "chunk_size"):
+        said, given = getattr(info, what), getattr(body, what)
+        if said is not None and given is not None and said != given:
+            problems.append(f"the request gives {what} {given} but the server says {said}")
+        dims[what] = said if said is not None else given
+    for what, value in (("state_dim", info.state_dim), *dims.items()):
+        if value is not None and not 1 <= value <= 1_000_000:
+            problems.append(f"{what} {value} is out of range")
+    if body.revision is not None and info.revision is not None and body.revision != info.revision:
+        problems.append(f"the request names revision {body.revision!r} but the server serves {info.revision!r}")
     if problems:
-        raise ApiError(422, "bad_handshake", f"the policy server at {endpoint} sent a handshake the API cannot "
-                       f"use: {'; '.join(problems)}; fix the checkpoint's policy.json or the server")
+        raise ApiError(422, "bad_handshake", f"the policy server at {body.endpoint} ({body.protocol}) does not fit "
+                       f"this registration: {'; '.join(problems)}; fix the request or the server")
+    return replace(info, revision=info.revision or body.revision, **dims)
+
+
+def _version(body: PolicyCreate, info: ServerInfo) -> str:
+    if body.version is not None:
+        return body.version
+    if info.checkpoint_sha256 is not None:
+        return info.checkpoint_sha256[:12]
+    if info.revision is not None:
+        return info.revision
+    raise ApiError(422, "version_required",
+                   f"the {body.protocol} server at {body.endpoint} names no checkpoint sha256, so give the policy a "
+                   "`version` or a `revision` (e.g. the checkpoint's step or tag)")
+
+
+def _observation_keys(body: PolicyCreate) -> dict[str, str] | None:
+    """The request's key map, checked before connecting anywhere (422 naming the bad field)."""
+    if body.observation_keys is None:
+        return None
+    try:
+        return check_observation_keys(body.protocol, body.observation_keys)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_observation_keys", str(exc)) from None
 
 
 def _not_owner(policy: Policy, endpoint: str) -> ApiError:
@@ -74,20 +106,28 @@ def _preflight(sessions: sessionmaker[Session], body: PolicyCreate, caller: ApiC
         raise _not_owner(existing, body.endpoint)
 
 
-def _store_registration(sessions: sessionmaker[Session], body: PolicyCreate, meta: Metadata,
+def _same_checkpoint(policy: Policy, info: ServerInfo) -> bool:
+    if policy.checkpoint_sha256 is not None or info.checkpoint_sha256 is not None:
+        return policy.checkpoint_sha256 == info.checkpoint_sha256
+    return policy.revision == info.revision
+
+
+def _store_registration(sessions: sessionmaker[Session], body: PolicyCreate, info: ServerInfo,
                         caller: ApiCaller) -> tuple[Policy, bool]:
     """The short write transaction after the handshake: (the policy, whether it is new)."""
-    version = body.version or meta.checkpoint_sha256[:12]
+    version = _version(body, info)
+    served = info.checkpoint_sha256 or info.revision or "an unnamed checkpoint"
     with sessions() as session:
         for _ in range(2):  # a second pass only when a concurrent registration inserted it first
             existing = queries.find_policy(session, body.name, version)
             if existing is not None:
-                if existing.checkpoint_sha256 != meta.checkpoint_sha256:
+                if not _same_checkpoint(existing, info) or existing.protocol != body.protocol:
+                    held = existing.checkpoint_sha256 or existing.revision or "an unnamed checkpoint"
                     raise ApiError(409, "policy_version_exists",
                                    f"policy {body.name!r} version {version!r} is already registered (id "
-                                   f"{existing.id}) with checkpoint {existing.checkpoint_sha256[:12]}…, but "
-                                   f"{body.endpoint} serves {meta.checkpoint_sha256[:12]}…; register it under "
-                                   "another version", {"policy_id": existing.id})
+                                   f"{existing.id}, {existing.protocol}) with checkpoint {held[:12]}…, but "
+                                   f"{body.endpoint} ({body.protocol}) serves {served[:12]}…; register it "
+                                   "under another version", {"policy_id": existing.id})
                 if existing.endpoint == body.endpoint:
                     return existing, False  # nothing to change (closing the session ends the read)
                 if not caller.owns(existing.created_by_key_id):
@@ -95,10 +135,12 @@ def _store_registration(sessions: sessionmaker[Session], body: PolicyCreate, met
                 return queries.update_policy_endpoint(session, existing, body.endpoint), False
             try:
                 return queries.create_policy(
-                    session, name=body.name, version=version, endpoint=body.endpoint,
-                    checkpoint_sha256=meta.checkpoint_sha256, state_dim=meta.state_dim,
-                    action_dim=meta.action_dim, chunk_size=meta.chunk_size, tasks=meta.tasks,
-                    cameras=meta.cameras, created_by_key_id=caller.key_id), True
+                    session, name=body.name, version=version, endpoint=body.endpoint, protocol=body.protocol,
+                    checkpoint_sha256=info.checkpoint_sha256, revision=info.revision, state_dim=info.state_dim,
+                    action_dim=info.action_dim, chunk_size=info.chunk_size, tasks=info.tasks, cameras=info.cameras,
+                    observation_keys=body.observation_keys,
+                    server_info=None if body.protocol == "evalforge" else info.raw,  # ours: all in the columns
+                    created_by_key_id=caller.key_id), True
             except queries.Conflict as exc:
                 conflict = exc
         raise ApiError(409, "policy_version_exists", f"{conflict}; register it under another version")
@@ -112,7 +154,10 @@ async def register_policy(body: PolicyCreate, request: Request, response: Respon
     """Connect to the policy server at `endpoint`, read its handshake and register what it serves.
 
     The checkpoint sha256, dimensions, chunk size, tasks and cameras come from the
-    server, not the request. Registering the same name and version again with the same checkpoint
+    server, not the request. `protocol` says what the server speaks: ours (`evalforge`),
+    openpi's or vla-eval's. For the latter two, `observation_keys` says where the server reads
+    each canonical field, and `action_dim`, `chunk_size` and `revision` fill in what the server
+    does not say (a value the server does say must agree, or 422). Registering the same name and version again with the same checkpoint
     returns the existing policy (200); with another endpoint, that moves it — only the
     API key that registered it, or an admin key, may (403 otherwise). Another checkpoint
     under a taken version is a 409. A server that does not answer the handshake is a 422
@@ -125,6 +170,7 @@ async def register_policy(body: PolicyCreate, request: Request, response: Respon
     `Retry-After`.
     """
     sessions: sessionmaker[Session] = request.app.state.session_factory
+    keys = _observation_keys(body)
     await run_in_threadpool(_preflight, sessions, body, caller)
     slots = _registration_slots(request.app, settings.max_concurrent_registrations)
     try:
@@ -138,16 +184,17 @@ async def register_policy(body: PolicyCreate, request: Request, response: Respon
                        f"{retry_after} s (nothing was stored)", headers={"Retry-After": str(retry_after)}) from None
     try:
         # In a thread of its own limiter, so waiting handshakes never take the threads reads run on.
-        meta: Metadata = await anyio.to_thread.run_sync(
-            request.app.state.read_handshake, body.endpoint, settings.policy_handshake_timeout_s,
-            limiter=request.app.state.handshake_threads)
+        info: ServerInfo = await anyio.to_thread.run_sync(
+            request.app.state.read_handshake, body.endpoint, settings.policy_handshake_timeout_s, body.protocol,
+            keys, limiter=request.app.state.handshake_threads)
     except HandshakeFailed as exc:
-        raise ApiError(422, "policy_unreachable", f"{exc}; start the policy server (`policy-server "
-                       "--checkpoint DIR`) or correct `endpoint`") from exc
+        fix = ("start the policy server (`policy-server --checkpoint DIR`)" if body.protocol == "evalforge"
+               else f"start the {body.protocol} server, or check `protocol`")
+        raise ApiError(422, "policy_unreachable", f"{exc}; {fix} or correct `endpoint`") from exc
     finally:
         slots.release()
-    _check_metadata(body.endpoint, meta)
-    policy, created = await run_in_threadpool(_store_registration, sessions, body, meta, caller)
+    info = _check_registration(body, info)
+    policy, created = await run_in_threadpool(_store_registration, sessions, body, info, caller)
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/policies/{policy.id}"
     return policy
