@@ -13,7 +13,7 @@ responses ignore fields they do not know (an older client reading a newer API).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -138,7 +138,7 @@ class PolicyCreate(_Request):
     version: Version | None = Field(None, description=(
         "Version label; default: the first 12 hex digits of the checkpoint's sha256, or the revision."))
     endpoint: Endpoint = Field(description="The policy server's WebSocket URL, e.g. `ws://gpu-3:8000/ws`.")
-    protocol: PolicyProtocol = Field(PolicyProtocol.EVALFORGE, description=(
+    protocol: Literal["evalforge", "openpi", "vla-eval"] = Field("evalforge", description=(
         "What the server speaks: `evalforge` (ours), `openpi` (openpi's WebsocketPolicyServer) or `vla-eval` "
         "(a vla-eval model server)."))
     observation_keys: dict[ObservationKey, ObservationKey] | None = Field(None, max_length=64, description=(
