@@ -63,7 +63,17 @@ from services.protocol.client import (
     server_error,
 )
 from services.protocol.codec import ProtocolError, unpackb
-from services.protocol.messages import ActionsReply, Observation
+from services.protocol.messages import (
+    CAMERA_NAME_PATTERN,
+    MAX_CAMERAS,
+    MAX_IMAGE_SIDE,
+    MAX_POLICY_NAME_CHARS,
+    MAX_TASK_NAME_CHARS,
+    MAX_TASKS,
+    SHA256_PATTERN,
+    ActionsReply,
+    Observation,
+)
 
 __all__ = ["VLA_EVAL_PROTOCOL_VERSION", "VlaEvalClient", "pack_frame", "png_bytes", "server_info_from_hello"]
 
@@ -123,16 +133,50 @@ def server_info_from_hello(payload: Mapping[str, Any]) -> ServerInfo:
     declared = [dims for dims in action_dims if dims is not None]
     observation_spec = payload.get("observation_spec")
     name = payload.get("model_server")
+    ours = _evalforge_block(payload.get("evalforge"))
     return ServerInfo(
         protocol="vla-eval",
-        policy_name=name[:200] if isinstance(name, str) and name and name.isprintable() else None,
-        checkpoint_sha256=None,
+        policy_name=ours.get("policy_name") or (
+            name[:200] if isinstance(name, str) and name and name.isprintable() else None),
+        checkpoint_sha256=ours.get("checkpoint_sha256"),
         revision=None,
         state_dim=_dims(observation_spec.get("state")) if isinstance(observation_spec, dict) else None,
         action_dim=sum(declared) if declared and len(declared) == len(action_dims) else None,
-        chunk_size=None,
+        chunk_size=ours.get("chunk_size"),
+        tasks=ours.get("tasks", ()),
+        cameras=ours.get("cameras", {}),
         raw=json_summary(payload),
     )
+
+
+def _evalforge_block(block: Any) -> dict[str, Any]:
+    """What an EvalForge policy server's ``/vla-eval`` hello adds (its ``evalforge`` block): the checkpoint's
+    sha256, chunk size, tasks and camera sizes, taken where they are well-formed and ignored otherwise (a
+    hello is a peer's word; only what fits the handshake's own caps is kept)."""
+    if not isinstance(block, dict):
+        return {}
+    ours: dict[str, Any] = {}
+    name = block.get("policy_name")
+    if isinstance(name, str) and 0 < len(name) <= MAX_POLICY_NAME_CHARS and name.isprintable():
+        ours["policy_name"] = name
+    sha256 = block.get("checkpoint_sha256")
+    if isinstance(sha256, str) and SHA256_PATTERN.fullmatch(sha256):
+        ours["checkpoint_sha256"] = sha256
+    chunk = block.get("chunk_size")
+    if type(chunk) is int and 1 <= chunk <= 1_000_000:
+        ours["chunk_size"] = chunk
+    tasks = block.get("tasks")
+    names = list(tasks) if isinstance(tasks, dict | list) else []
+    if 0 < len(names) <= MAX_TASKS and all(isinstance(t, str) and 0 < len(t) <= MAX_TASK_NAME_CHARS
+                                           and t.isprintable() for t in names):
+        ours["tasks"] = tuple(names)
+    cameras = block.get("cameras")
+    if isinstance(cameras, dict) and len(cameras) <= MAX_CAMERAS and all(
+            isinstance(c, str) and CAMERA_NAME_PATTERN.fullmatch(c) and isinstance(size, list | tuple)
+            and len(size) == 2 and all(type(v) is int and 1 <= v <= MAX_IMAGE_SIDE for v in size)
+            for c, size in cameras.items()):
+        ours["cameras"] = {c: (size[0], size[1]) for c, size in cameras.items()}
+    return ours
 
 
 class VlaEvalClient(WebSocketAdapter):
