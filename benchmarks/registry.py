@@ -56,6 +56,7 @@ __all__ = [
 SIMULATOR_MODULES = (
     "benchmarks.metaworld",
     "benchmarks.pusht",
+    "benchmarks.libero",
 )
 
 
