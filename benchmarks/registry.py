@@ -57,7 +57,6 @@ SIMULATOR_MODULES = (
     "benchmarks.metaworld",
     "benchmarks.pusht",
     "benchmarks.libero",
-    "benchmarks.aloha",
     "benchmarks.ogbench",
 )
 
