@@ -57,6 +57,7 @@ SIMULATOR_MODULES = (
     "benchmarks.metaworld",
     "benchmarks.pusht",
     "benchmarks.libero",
+    "benchmarks.aloha",
     "benchmarks.ogbench",
 )
 
