@@ -9,6 +9,10 @@ so the broker URL, the queue name and the task name exist once:
   ``EVALFORGE_VISIBILITY_TIMEOUT_S``, read once from the environment;
 - ``RUN_EPISODE_TASK``: the task name (``evalforge.run_episode``), whose one
   argument is the episode id (``services/workers/tasks.py`` registers it);
+- ``queue_name(simulator)``: one queue per simulator family, ``<EVALFORGE_EPISODE_QUEUE>.<family>``
+  (``episodes.metaworld``, ``episodes.libero``…), so each family has its own pool of workers
+  (``evalforge worker --simulators``); the bare ``episodes`` queue carries what was enqueued
+  without a family (by an older API) and every worker consumes it too;
 - ``transport_options``: the kombu options a broker URL needs;
 - ``CeleryEpisodeQueue``: the producer that publishes one task per episode id.
 
@@ -148,11 +152,18 @@ def prune_processed(broker_url: str, older_than_s: float = 600.0) -> int:
 # ---------------------------------------------------------------------------- the producer
 
 
+def queue_name(simulator: str | None, base: str | None = None) -> str:
+    """The queue of a simulator family's episodes (``None``: the bare queue every worker consumes)."""
+    base = base or settings.episode_queue
+    return base if simulator is None else f"{base}.{simulator}"
+
+
 class EpisodeQueue(Protocol):
     """Where episode ids are sent (the Celery producer, or a recording queue in tests)."""
 
-    def enqueue(self, episode_ids: Sequence[int]) -> int:
-        """Send one task per id; returns how many were sent (stops at the first broker error)."""
+    def enqueue(self, episode_ids: Sequence[int], simulator: str | None = None) -> int:
+        """Send one task per id to ``simulator``'s queue; returns how many were sent (stops at the
+        first broker error)."""
         ...
 
     def ping(self) -> None:
@@ -185,13 +196,14 @@ class CeleryEpisodeQueue:
         s = queue_settings or settings
         return cls(s.effective_broker_url, s.episode_queue, s.broker_timeout_s)
 
-    def enqueue(self, episode_ids: Sequence[int]) -> int:
+    def enqueue(self, episode_ids: Sequence[int], simulator: str | None = None) -> int:
         sent = 0
+        queue = queue_name(simulator, self.queue)
         try:
             # One producer (one broker connection) for the whole batch.
             with self.app.producer_or_acquire() as producer:
                 for episode_id in episode_ids:
-                    self.app.send_task(RUN_EPISODE_TASK, args=[episode_id], queue=self.queue, producer=producer)
+                    self.app.send_task(RUN_EPISODE_TASK, args=[episode_id], queue=queue, producer=producer)
                     sent += 1
         except Exception as exc:
             log.warning("enqueued %d of %d episodes, then the broker failed (%r); the rest stay pending "

@@ -22,10 +22,10 @@ from services.eval_api.handshake import read_handshake
 from services.eval_api.metrics import ApiMetrics, RequestMetrics
 from services.eval_api.middleware import BodySizeLimit
 from services.eval_api.pages import router as pages_router
-from services.eval_api.routes import evaluations, health, leaderboard, policies, suites
+from services.eval_api.routes import evaluations, health, leaderboard, policies, suites, workers
 from services.eval_api.settings import ApiSettings
 from services.eval_api.settings import settings as default_settings
-from services.protocol.messages import Metadata
+from services.protocol.adapters import ServerInfo
 from services.queue import CeleryEpisodeQueue, EpisodeQueue, QueueSettings
 from services.store.db import create_db_engine, make_session_factory
 from services.store.settings import StoreSettings
@@ -53,7 +53,7 @@ A store too busy to take a request answers 503 with `Retry-After`; a submission 
 def create_app(settings: ApiSettings | None = None, store_settings: StoreSettings | None = None, *,
                engine: Engine | None = None, episode_queue: EpisodeQueue | None = None,
                queue_settings: QueueSettings | None = None,
-               handshake: Callable[[str, float], Metadata] | None = None) -> FastAPI:
+               handshake: Callable[..., ServerInfo] | None = None) -> FastAPI:
     """The API app. Defaults come from the environment; tests pass their engine, queue (or the queue's
     settings) or handshake."""
     settings = settings or default_settings
@@ -78,7 +78,7 @@ def create_app(settings: ApiSettings | None = None, store_settings: StoreSetting
     # Added last = outermost: metrics see every response, including the cap's 413.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
-    for module in (policies, evaluations, leaderboard, suites, health):
+    for module in (policies, evaluations, leaderboard, suites, workers, health):
         app.include_router(module.router)
     app.include_router(pages_router)
     return app

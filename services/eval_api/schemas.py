@@ -349,6 +349,8 @@ class EvaluationDetail(EvaluationOut):
     unranked_reason: str | None = Field(None, description=(
         "Set once finished when most of its episodes were harness failures: why the leaderboard leaves "
         "it out."))
+    waiting_for: str | None = Field(None, description=(
+        "Set while episodes are pending and no live worker serves the suite's simulator family: what to start."))
 
     @property
     def episodes_done(self) -> int:
@@ -379,6 +381,9 @@ class EpisodeOut(_Response):
     artifact_path: str | None = Field(None, description=(
         "Replay GIF of the episode, relative to the workers' `ARTIFACT_ROOT` (the first "
         "`EVALFORGE_REPLAY_EPISODES` episodes of an evaluation have one); null when none was recorded."))
+    simulator_versions: dict[str, str] | None = Field(None, description=(
+        "`{package: version}` of the simulator the episode ran on (null for episodes not run, or recorded "
+        "before versions were)."))
     attempts: int
     worker_id: str | None
     started_at: datetime | None
@@ -443,6 +448,15 @@ class SuiteOut(BaseModel):
     cameras: list[SuiteCamera] = Field(default_factory=list, description="Cameras the simulator renders.")
     overview_camera: str | None = Field(None, description="The camera replays use for an overview.")
     tasks: list[SuiteTask]
+
+
+class WorkerOut(_Response):
+    id: str = Field(description="The worker's Celery node name.")
+    host: str
+    simulators: dict[str, dict[str, str]] = Field(description=(
+        "The simulator families it serves, each with its packages' versions."))
+    started_at: datetime
+    last_seen_at: datetime
 
 
 class HealthOut(BaseModel):

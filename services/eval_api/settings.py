@@ -37,6 +37,9 @@ class ApiSettings(BaseSettings):
                                  "answered 503 with Retry-After."))
     artifact_root: Path = Field(Path("runs/artifacts"), validation_alias="ARTIFACT_ROOT", description=(
         "The workers' ARTIFACT_ROOT as this host sees it: the evaluation page serves replay GIFs from it."))
+    worker_timeout_s: float = Field(45.0, gt=0, description=(
+        "A worker whose last heartbeat is older than this is not live (keep it a few times the workers' "
+        "EVALFORGE_POOL_HEARTBEAT_S)."))
 
 
 settings = ApiSettings()

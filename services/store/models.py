@@ -263,12 +263,31 @@ class Episode(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     # The replay GIF (services/workers/replays.py), relative to the workers' ARTIFACT_ROOT; None: not recorded.
     artifact_path: Mapped[str | None] = mapped_column(String(1000))
+    # {package: version} of the simulator it ran on (benchmarks.simulators); None before migration 0008.
+    simulator_versions: Mapped[dict[str, str] | None] = mapped_column(JsonDoc)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
+class Worker(Base):
+    """A running ``evalforge worker``: the simulator families it serves, kept fresh by its heartbeat.
+
+    ``simulators`` maps each family to its packages' versions (``benchmarks.simulators``). A
+    worker whose ``last_seen_at`` is older than a few heartbeats is not live (it may have died
+    without removing its row); ``queries.live_simulators`` is the API's view of the pools.
+    """
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)  # the Celery node name
+    host: Mapped[str] = mapped_column(String(200))
+    simulators: Mapped[dict[str, dict[str, str]]] = mapped_column(JsonDoc)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class ApiKey(Base):

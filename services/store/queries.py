@@ -40,6 +40,7 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
+    delete,
     distinct,
     func,
     insert,
@@ -63,6 +64,7 @@ from services.store.models import (
     FailureReason,
     Policy,
     UtcDateTime,
+    Worker,
     utcnow,
 )
 
@@ -422,11 +424,13 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
                    steps: int | None = None, duration_s: float | None = None,
                    latency_mean_ms: float | None = None, latency_p95_ms: float | None = None,
                    failure_reason: FailureReason | str | None = None, error_message: str | None = None,
-                   artifact_path: str | None = None, now: datetime | None = None) -> bool:
+                   artifact_path: str | None = None, simulator_versions: Mapping[str, str] | None = None,
+                   now: datetime | None = None) -> bool:
     """Record an episode's result once; True when written, False when it was already terminal.
 
     ``success=False`` without a ``failure_reason`` means the episode ran out of steps.
-    ``artifact_path``: its replay GIF, relative to the workers' ``ARTIFACT_ROOT``.
+    ``artifact_path``: its replay GIF, relative to the workers' ``ARTIFACT_ROOT``;
+    ``simulator_versions``: ``{package: version}`` of the simulator it ran on.
     """
     reason = FailureReason(failure_reason).value if failure_reason is not None else None
     if success and reason is not None:
@@ -437,7 +441,8 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
         .values(status=(EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED).value, success=success,
                 total_return=total_return, steps=steps, duration_s=duration_s, latency_mean_ms=latency_mean_ms,
                 latency_p95_ms=latency_p95_ms, failure_reason=reason, error_message=error_message,
-                artifact_path=artifact_path, finished_at=now, lease_expires_at=None)
+                artifact_path=artifact_path, finished_at=now, lease_expires_at=None,
+                simulator_versions=dict(simulator_versions) if simulator_versions else null())
         .returning(Episode.id).execution_options(synchronize_session=False)).first()
     session.commit()
     return written is not None
@@ -486,6 +491,15 @@ def stale_pending_episode_ids(session: Session, *, created_before: datetime, lim
         .order_by(Episode.id).limit(limit)))
     session.rollback()
     return ids
+
+
+def episode_suites(session: Session, episode_ids: Sequence[int]) -> dict[int, str]:
+    """``{episode id: its evaluation's suite}`` for the ids that exist (what the sweeper routes by)."""
+    if not episode_ids:
+        return {}
+    rows = session.execute(select(Episode.id, Evaluation.suite).join(Evaluation, Evaluation.id == Episode.evaluation_id)
+                           .where(Episode.id.in_(list(episode_ids))))
+    return {episode_id: suite for episode_id, suite in rows}
 
 
 def expired_episode_ids(session: Session, *, max_attempts: int, now: datetime | None = None,
@@ -611,3 +625,43 @@ def leaderboard(session: Session, suite: str, *, include_nonstandard: bool = Fal
     return [LeaderboardEntry(rank=rank, policy=row[0], evaluation_id=row[1], success_rate=row[2], ci_low=row[3],
                              ci_high=row[4], episodes=row[5], finished_at=row[6], inference=row[7])
             for rank, row in enumerate(session.execute(query), start=1)]
+
+
+# ---------------------------------------------------------------------------- workers
+
+
+def record_worker_heartbeat(session: Session, worker_id: str, *, host: str, simulators: Mapping[str, Any],
+                            now: datetime | None = None) -> None:
+    """A worker says it is alive and which simulator families it serves (inserted the first time)."""
+    now = now or utcnow()
+    updated = session.execute(update(Worker).where(Worker.id == worker_id)
+                              .values(last_seen_at=now, host=host, simulators=dict(simulators))
+                              .execution_options(synchronize_session=False)).rowcount
+    if not updated:
+        session.add(Worker(id=worker_id, host=host, simulators=dict(simulators), started_at=now, last_seen_at=now))
+        try:
+            session.commit()
+        except IntegrityError:  # its previous heartbeat's insert raced this one: nothing left to do
+            session.rollback()
+        return
+    session.commit()
+
+
+def remove_worker(session: Session, worker_id: str) -> None:
+    """A worker that stops cleanly takes its row with it."""
+    session.execute(delete(Worker).where(Worker.id == worker_id))
+    session.commit()
+
+
+def live_workers(session: Session, *, seen_after: datetime) -> list[Worker]:
+    """Workers whose last heartbeat is newer than ``seen_after``, by id."""
+    return list(session.scalars(select(Worker).where(Worker.last_seen_at > seen_after).order_by(Worker.id)))
+
+
+def live_simulators(session: Session, *, seen_after: datetime) -> dict[str, int]:
+    """``{simulator family: live workers serving it}``."""
+    counts: dict[str, int] = {}
+    for worker in live_workers(session, seen_after=seen_after):
+        for family in worker.simulators:
+            counts[family] = counts.get(family, 0) + 1
+    return counts

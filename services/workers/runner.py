@@ -26,7 +26,7 @@
    server kept answering with errors). A simulator exception fails it with
    ``env_error`` at once (it would fail again); the worker goes on;
 5. writes the result once (``queries.finish_episode``, with the replay GIF's path if
-   one was recorded) and finalises the evaluation if that was its last live episode
+   one was recorded, and the simulator packages' versions it ran with) and finalises the evaluation if that was its last live episode
    (``queries.finalize_evaluation_if_done``, which closes it exactly once however many
    workers race).
 
@@ -60,6 +60,7 @@ from websockets.exceptions import WebSocketException
 
 from benchmarks.registry import get_suite
 from benchmarks.runner import EnvFailure, run_policy_episode
+from benchmarks.simulators import simulator_versions
 from benchmarks.suite import EpisodeEnv
 from services.policy_hosts import EndpointRefused, check_endpoint
 from services.protocol.adapters import PolicyAdapter, make_client
@@ -389,7 +390,8 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
             session, episode_id, success=result.success and reason is None, total_return=result.total_return,
             steps=result.steps, duration_s=result.duration_s, latency_mean_ms=result.latency_mean_ms,
             latency_p95_ms=result.latency_p95_ms, failure_reason=reason,
-            error_message=message[:2000] if message else None, artifact_path=artifact_path)
+            error_message=message[:2000] if message else None, artifact_path=artifact_path,
+            simulator_versions=simulator_versions(get_suite(job.suite).simulator))
         finalised = queries.finalize_evaluation_if_done(session, job.evaluation_id)
     if not written:
         return RunResult(episode_id, "superseded", attempts=job.attempts, finalised=finalised,

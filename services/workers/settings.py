@@ -43,6 +43,9 @@ class WorkerSettings(BaseSettings):
         "overview for a state-only policy), or `overview`, the suite's overview camera at 160×120."))
     artifact_root: Path = Field(Path("runs/artifacts"), validation_alias="ARTIFACT_ROOT", description=(
         "Directory replay GIFs are written under (episode rows keep paths relative to it)."))
+    # Pools.
+    pool_heartbeat_s: float = Field(10.0, gt=0, description=(
+        "How often a worker refreshes its row in the store (its simulators, that it is alive)."))
     # The sweeper.
     pending_after_s: float = Field(300.0, gt=0, description=(
         "A `pending` episode this old is re-enqueued (its broker message may have been lost)."))

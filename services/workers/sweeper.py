@@ -8,7 +8,8 @@ Each sweep (``sweep_once``):
 - re-enqueues ``running`` episodes whose lease expired (attempts left) and
   ``pending`` episodes older than ``pending_after_s`` — each at most once per
   ``pending_after_s``, so a long queue is not flooded with duplicates (a duplicate
-  is harmless anyway: the claim is a conditional update);
+  is harmless anyway: the claim is a conditional update), on the queue of their suite's
+  simulator family;
 - finalises evaluations whose episodes are all terminal but that nobody finalised
   (a worker died in between).
 
@@ -26,6 +27,7 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from benchmarks.registry import SuiteError, get_suite
 from services.queue import CeleryEpisodeQueue, EpisodeQueue
 from services.store import queries
 from services.store.models import utcnow
@@ -71,10 +73,13 @@ class Sweeper:
         due = [i for i in dict.fromkeys([*expired, *stale])
                if tick - self._sent_at.get(i, float("-inf")) >= s.pending_after_s]
         if due:
-            sent = self.queue.enqueue(due)
-            for episode_id in due[:sent]:
-                self._sent_at[episode_id] = tick
-            report.reenqueued = due[:sent]
+            with self.session_factory() as session:
+                suites = queries.episode_suites(session, due)
+            for simulator, episode_ids in _by_simulator(due, suites).items():
+                sent = self.queue.enqueue(episode_ids, simulator)
+                for episode_id in episode_ids[:sent]:
+                    self._sent_at[episode_id] = tick
+                report.reenqueued.extend(episode_ids[:sent])
         live = set(expired) | set(stale)
         self._sent_at = {i: t for i, t in self._sent_at.items() if i in live}
         if report.reenqueued or report.lost or report.cancelled or report.finalised:
@@ -90,6 +95,19 @@ class Sweeper:
             except Exception:
                 log.exception("sweep failed; trying again in %.0f s", self.settings.sweep_every_s)
             time.sleep(self.settings.sweep_every_s)
+
+
+def _by_simulator(episode_ids: list[int], suites: dict[int, str]) -> dict[str | None, list[int]]:
+    """Episode ids grouped by the simulator family of their suite (the queue they go back to); a
+    suite this version does not know goes to the bare queue, which every worker consumes."""
+    groups: dict[str | None, list[int]] = {}
+    for episode_id in episode_ids:
+        try:
+            simulator = get_suite(suites[episode_id]).simulator if episode_id in suites else None
+        except SuiteError:
+            simulator = None
+        groups.setdefault(simulator, []).append(episode_id)
+    return groups
 
 
 def make_sweeper(settings: WorkerSettings) -> Sweeper:

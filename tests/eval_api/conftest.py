@@ -38,12 +38,14 @@ class RecordingQueue:
 
     def __init__(self) -> None:
         self.sent: list[int] = []
+        self.queues: list[str | None] = []  # the simulator family of each id sent
         self.down = False
 
-    def enqueue(self, episode_ids: list[int]) -> int:
+    def enqueue(self, episode_ids: list[int], simulator: str | None = None) -> int:
         if self.down:
             return 0
         self.sent.extend(episode_ids)
+        self.queues.extend([simulator] * len(episode_ids))
         return len(episode_ids)
 
     def ping(self) -> None:

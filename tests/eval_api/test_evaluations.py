@@ -29,11 +29,11 @@ def test_submit_stores_every_episode_and_enqueues_after_commit(api):
     visible_when_sent = []
     record = api.queue.enqueue
 
-    def enqueue_seeing_what_is_committed(episode_ids):
+    def enqueue_seeing_what_is_committed(episode_ids, simulator=None):
         # A session of its own sees only committed rows: every episode must already be there.
         with api.sessions() as other:
             visible_when_sent.append(set(other.scalars(select(Episode.id).where(Episode.id.in_(episode_ids)))))
-        return record(episode_ids)
+        return record(episode_ids, simulator)
 
     api.queue.enqueue = enqueue_seeing_what_is_committed
     response = api.client.post("/evaluations", headers=api.auth, json={
@@ -56,6 +56,7 @@ def test_submit_stores_every_episode_and_enqueues_after_commit(api):
     assert [(e.task, e.seed, e.max_steps) for e in episodes] == \
         [(task, evaluation_seed(7 + i), 500) for task in MT10_TASKS for i in range(3)]
     assert api.queue.sent == [e.id for e in episodes]
+    assert set(api.queue.queues) == {"metaworld"}, "on the queue of the suite's simulator family"
     assert visible_when_sent == [{e.id for e in episodes}]
 
     detail = api.client.get(f"/evaluations/{body['id']}").json()

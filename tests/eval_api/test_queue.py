@@ -83,6 +83,9 @@ def test_submitted_episodes_land_in_the_redis_queue(store_engine, broker, redis_
         evaluation = api.submit(policy["id"], tasks=["reach-v3", "push-v3"], episodes_per_task=5)
         episodes = client.get(f"/evaluations/{evaluation['id']}/episodes").json()["items"]
 
+    # On the queue of the suite's simulator family (metaworld-mt10 → metaworld), nothing on the bare one.
+    assert broker.llen(queue_name) == 0
+    queue_name = f"{queue_name}.metaworld"
     assert broker.llen(queue_name) == 10
     # Kombu's Redis transport LPUSHes and consumers BRPOP: the oldest message is at the right end.
     messages = [json.loads(raw) for raw in reversed(broker.lrange(queue_name, 0, -1))]

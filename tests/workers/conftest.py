@@ -180,11 +180,13 @@ def worker_env(database_url: str, redis_url: str, **overrides: object) -> dict[s
 def start_worker(pg_database, tmp_path) -> Iterator[Callable[..., WorkerProcess]]:  # noqa: F811
     started: list[WorkerProcess] = []
 
-    def start(redis_url: str, name: str = "w1", concurrency: int = 1, **overrides: object) -> WorkerProcess:
+    def start(redis_url: str, name: str = "w1", concurrency: int = 1, simulators: str | None = None,
+              **overrides: object) -> WorkerProcess:
         log_path = tmp_path / f"worker-{name}.log"
         worker = WorkerProcess(
             [sys.executable, "-m", "services.cli", "worker", "--concurrency", str(concurrency),
-             "--hostname", f"{name}@%h", "--log-level", "info"],
+             "--hostname", f"{name}@%h", "--log-level", "info",
+             *(["--simulators", simulators] if simulators else [])],
             log_path, health=lambda: "ready." in log_path.read_text(errors="replace"), cwd=REPO,
             env=worker_env(pg_database, redis_url, **overrides), grace_s=15, startup_timeout_s=60)
         started.append(worker)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Response
@@ -21,7 +22,7 @@ from services.eval_api.deps import (
 from services.eval_api.errors import ApiError
 from services.eval_api.metrics import ApiMetrics
 from services.eval_api.pagination import decode_page_cursor, encode_cursor, page_limit
-from services.eval_api.planning import plan_evaluation
+from services.eval_api.planning import get_suite_entry, plan_evaluation
 from services.eval_api.schemas import (
     MAX_ID,
     EpisodeOut,
@@ -33,10 +34,11 @@ from services.eval_api.schemas import (
     Tag,
     error_responses,
 )
+from services.eval_api.settings import ApiSettings
 from services.queue import EpisodeQueue
 from services.store import queries
 from services.store.aggregates import EpisodeResult, summarize, unranked_reason
-from services.store.models import EpisodeStatus, Evaluation, EvaluationStatus
+from services.store.models import EpisodeStatus, Evaluation, EvaluationStatus, utcnow
 
 router = APIRouter(prefix="/evaluations", tags=["evaluations"])
 
@@ -46,12 +48,28 @@ IdempotencyKey = Annotated[str | None, Header(
     description="Retry-safe submission: the same key with the same body returns the same evaluation.")]
 
 
-def evaluation_detail(evaluation: Evaluation, results: dict[str, Any]) -> EvaluationDetail:
+def evaluation_detail(evaluation: Evaluation, results: dict[str, Any],
+                      waiting_for: str | None = None) -> EvaluationDetail:
     summary = EvaluationOut.model_validate(evaluation).model_dump()
     final = evaluation.status in (EvaluationStatus.FINISHED, EvaluationStatus.FAILED)
     return EvaluationDetail(**summary, counts=results["counts"], overall=results["overall"],
                             per_task=results["per_task"],
-                            unranked_reason=unranked_reason(results["overall"]) if final else None)
+                            unranked_reason=unranked_reason(results["overall"]) if final else None,
+                            waiting_for=waiting_for)
+
+
+def waiting_for_workers(session: Session, evaluation: Evaluation, results: dict[str, Any],
+                        settings: ApiSettings) -> str | None:
+    """Why an evaluation's pending episodes are not being run, when no live worker can run its suite."""
+    if evaluation.finished_at is not None or not results["counts"].get(EpisodeStatus.PENDING.value):
+        return None
+    simulator = get_suite_entry(evaluation.suite)["simulator"]
+    live = queries.live_simulators(session, seen_after=utcnow() - timedelta(seconds=settings.worker_timeout_s))
+    if live.get(simulator):
+        return None
+    return (f"no live worker runs simulator {simulator}: its episodes stay pending until one does (start "
+            f"`evalforge worker --simulators {simulator}` where the {simulator} extra is installed: "
+            f"pip install 'evalforge[sim-{simulator.removeprefix('gym-')}]')")
 
 
 def _get_or_404(session: Session, evaluation_id: int) -> Evaluation:
@@ -66,8 +84,8 @@ def _request_sha256(body: EvaluationCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _enqueue(queue: EpisodeQueue, metrics: ApiMetrics, episode_ids: list[int]) -> None:
-    sent = queue.enqueue(episode_ids)
+def _enqueue(queue: EpisodeQueue, metrics: ApiMetrics, episode_ids: list[int], simulator: str) -> None:
+    sent = queue.enqueue(episode_ids, simulator)
     metrics.episodes_enqueued.inc(sent)
     if sent < len(episode_ids):
         metrics.episodes_not_enqueued.inc(len(episode_ids) - sent)
@@ -109,7 +127,9 @@ def create_evaluation(body: EvaluationCreate, response: Response, background: Ba
     metrics.evaluations_created.inc()
     # After the commit above, and after the response is sent: publishing 1,000 tasks takes
     # longer than the insert, and a crash in between only leaves episodes pending for the sweeper.
-    background.add_task(_enqueue, episode_queue, metrics, created.episode_ids)
+    # On the queue of the suite's simulator family: only workers that can run it take them.
+    background.add_task(_enqueue, episode_queue, metrics, created.episode_ids,
+                        get_suite_entry(body.suite)["simulator"])
     results = summarize([EpisodeResult(task=spec.task, status=EpisodeStatus.PENDING.value)
                          for spec in plan.episodes], plan.tasks)
     return evaluation_detail(evaluation, results)
@@ -134,11 +154,14 @@ def list_evaluations(session: SessionDep, settings: SettingsDep, _read: ReadAcce
 
 
 @router.get("/{evaluation_id}", response_model=EvaluationDetail, responses=error_responses(401, 403, 404, 422))
-def get_evaluation(evaluation_id: EvaluationId, session: SessionDep, _read: ReadAccessDep) -> EvaluationDetail:
+def get_evaluation(evaluation_id: EvaluationId, session: SessionDep, settings: SettingsDep,
+                   _read: ReadAccessDep) -> EvaluationDetail:
     """Status, episode counts by status, and per-task and overall results: success rate with its
-    Wilson 95% interval, mean steps, policy latency p50/p95, failure reasons."""
+    Wilson 95% interval, mean steps, policy latency p50/p95, failure reasons; `waiting_for` says
+    when no live worker can run the suite's simulator (its episodes then stay pending)."""
     evaluation = _get_or_404(session, evaluation_id)
-    return evaluation_detail(evaluation, queries.evaluation_results(session, evaluation))
+    results = queries.evaluation_results(session, evaluation)
+    return evaluation_detail(evaluation, results, waiting_for_workers(session, evaluation, results, settings))
 
 
 @router.get("/{evaluation_id}/episodes", response_model=Page[EpisodeOut],
