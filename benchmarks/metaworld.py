@@ -47,20 +47,9 @@ are switched off: in software they cost ~90% of a frame. Physics is untouched,
 so a rendered episode plays exactly like an unrendered one, and the same seed and
 actions give byte-identical frames (one renderer, one build).
 
-Mesa's llvmpipe and triton (which torch imports) each carry an LLVM; whichever loads
-second crashes the process if it is triton, so the first renderer of a process imports
-triton first when it is installed (``_import_triton_before_mesa``).
-
-OpenGL backend: MuJoCo picks it once, when ``mujoco`` is first imported, from
-``MUJOCO_GL`` (and PyOpenGL binds its platform at the same moment), so it cannot
-be switched when a context later fails to come up. When ``MUJOCO_GL`` is unset and
-there is no ``DISPLAY``, this module chooses before MuJoCo is imported: ``egl``
-if ``libEGL`` can be found (Mesa's EGL falls back to the llvmpipe software
-rasteriser on a host without a GPU), else ``osmesa`` if ``libOSMesa`` can be found,
-else ``egl`` (whose failure then names the fix). A user's ``MUJOCO_GL`` is never
-overridden. When a context cannot be made, rendering raises ``RenderingUnavailable``
-saying which backend failed and what to install or set (``MUJOCO_GL=osmesa`` with
-OSMesa installed), for the next process.
+Headless OpenGL (``MUJOCO_GL``), triton before Mesa, and what to do when no context
+can be made (``RenderingUnavailable``) are ``benchmarks/rendering.py``'s, shared with
+the other MuJoCo simulators.
 
 Nothing here imports ``metaworld`` until an environment or expert is made, so the
 suite catalogue stays cheap to read.
@@ -68,16 +57,13 @@ suite catalogue stays cheap to read.
 
 from __future__ import annotations
 
-import ctypes.util
-import importlib.util
-import os
-import sys
 import warnings
 import zlib
 from typing import Any
 
 import numpy as np
 
+from benchmarks.rendering import RenderingUnavailable, import_triton_before_mesa, no_context_advice
 from benchmarks.suite import (
     CameraSpec,
     EpisodeEnv,
@@ -92,24 +78,6 @@ from benchmarks.suite import (
 MAX_STEPS = 500
 FPS = 80.0
 
-
-
-def _headless_gl_backend() -> str:
-    """``egl`` where libEGL is installed, else ``osmesa`` where libOSMesa is, else ``egl``."""
-    if ctypes.util.find_library("EGL"):
-        return "egl"
-    if ctypes.util.find_library("OSMesa"):
-        return "osmesa"
-    return "egl"
-
-
-# Headless hosts: MuJoCo picks its OpenGL backend once, when it is first imported.
-if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
-    os.environ["MUJOCO_GL"] = _headless_gl_backend()
-
-
-class RenderingUnavailable(RuntimeError):
-    """No offscreen OpenGL context can be made in this process."""
 
 
 CAMERAS: tuple[CameraSpec, ...] = (
@@ -192,38 +160,6 @@ PIXEL_STATE_NAMES: tuple[str, ...] = STATE_NAMES[:-3]
 ACTION_NAMES: tuple[str, ...] = ("hand_dx", "hand_dy", "hand_dz", "gripper_effort")
 
 
-def _import_triton_before_mesa() -> None:
-    """Import triton (when installed) before the first OpenGL context loads Mesa.
-
-    Mesa's software rasteriser (llvmpipe, behind EGL and OSMesa) loads its libLLVM with
-    RTLD_GLOBAL, and triton's libtriton.so, which carries its own LLVM, then binds to those
-    symbols and crashes the process (SIGSEGV) when it is imported later — as torch does on
-    ``import torch._dynamo`` (measured: triton 3.9, Mesa with LLVM 15). Imported first, its LLVM
-    stays private. Costs ~0.1 s once per process.
-    """
-    if "triton" in sys.modules or importlib.util.find_spec("triton") is None:
-        return
-    try:
-        import triton  # noqa: F401
-    except Exception:  # a triton that cannot import here cannot be imported later either: nothing to protect
-        pass
-
-
-def _no_context_advice(exc: Exception) -> str:
-    """Why MuJoCo made no OpenGL context (``exc``), with the backend it really uses and the fix."""
-    import mujoco
-
-    # The backend MuJoCo bound at its import (its GLContext class lives in mujoco.egl, mujoco.osmesa,
-    # mujoco.glfw, ...), which is not MUJOCO_GL's value when MuJoCo was imported before it was set.
-    backend = mujoco.gl_context.GLContext.__module__.rsplit(".", 1)[-1]
-    requested = os.environ.get("MUJOCO_GL", "")
-    late = (f"MuJoCo was imported before MUJOCO_GL={requested} took effect, so it uses {backend}; "
-            if requested and requested.lower() != backend else "")
-    return (f"MuJoCo cannot make an offscreen OpenGL context with its {backend} backend "
-            f"({type(exc).__name__}: {exc}); {late}install Mesa's EGL (libegl1) or OSMesa (libosmesa6) and start "
-            "the process with MUJOCO_GL=egl or MUJOCO_GL=osmesa in its environment (MuJoCo reads it once, at import)")
-
-
 def _task_rng(task: str, seed: int) -> np.random.Generator:
     """The generator MetaWorld draws the initial state from, for one (task, seed)."""
     return np.random.default_rng([zlib.crc32(task.encode()), seed])
@@ -290,7 +226,7 @@ class MetaWorldEnv(EpisodeEnv):
     def _renderer(self, height: int, width: int) -> Any:
         renderer = self._renderers.get((height, width))
         if renderer is None:
-            _import_triton_before_mesa()
+            import_triton_before_mesa()
             import mujoco
 
             model = self._env.model
@@ -300,7 +236,7 @@ class MetaWorldEnv(EpisodeEnv):
             try:
                 renderer = mujoco.Renderer(model, height=height, width=width)
             except Exception as exc:  # what each backend raises without a display or a GL library varies
-                raise RenderingUnavailable(f"{self.suite.name}/{self.task}: {_no_context_advice(exc)}") from exc
+                raise RenderingUnavailable(f"{self.suite.name}/{self.task}: {no_context_advice(exc)}") from exc
             self._renderers[(height, width)] = renderer
         return renderer
 

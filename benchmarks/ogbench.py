@@ -77,13 +77,9 @@ from typing import Any
 
 import numpy as np
 
-# benchmarks.metaworld chooses MuJoCo's headless OpenGL backend at import (before MuJoCo
-# loads) and owns the renderer-failure advice; OGBench renders through the same MuJoCo.
-from benchmarks.metaworld import (
-    RenderingUnavailable,
-    _import_triton_before_mesa,
-    _no_context_advice,
-)
+# benchmarks.rendering chooses MuJoCo's headless OpenGL backend at import (before MuJoCo
+# loads) and holds the renderer-failure advice; OGBench renders through the same MuJoCo.
+from benchmarks.rendering import RenderingUnavailable, import_triton_before_mesa, no_context_advice
 from benchmarks.suite import (
     CameraSpec,
     EpisodeEnv,
@@ -196,8 +192,8 @@ class OGBenchEnv(EpisodeEnv):
         import importlib
 
         # OGBench imports dm_control, whose renderer module loads Mesa's EGL at import: triton
-        # must come first (see benchmarks.metaworld._import_triton_before_mesa).
-        _import_triton_before_mesa()
+        # must come first (see benchmarks.rendering.import_triton_before_mesa).
+        import_triton_before_mesa()
         spec = _BY_SUITE[suite.name]
         env_class = getattr(importlib.import_module(spec.module), spec.cls)
         # The arguments gym.make(spec.ogbench_id) passes: task mode, state observations,
@@ -249,7 +245,7 @@ class OGBenchEnv(EpisodeEnv):
     def _renderer(self, height: int, width: int) -> Any:
         renderer = self._renderers.get((height, width))
         if renderer is None:
-            _import_triton_before_mesa()
+            import_triton_before_mesa()
             import mujoco
 
             model = self._env.model
@@ -261,7 +257,7 @@ class OGBenchEnv(EpisodeEnv):
             try:
                 renderer = mujoco.Renderer(model, height=height, width=width)
             except Exception as exc:  # what each backend raises without a display or a GL library varies
-                raise RenderingUnavailable(f"{self.suite.name}/{self.task}: {_no_context_advice(exc)}") from exc
+                raise RenderingUnavailable(f"{self.suite.name}/{self.task}: {no_context_advice(exc)}") from exc
             self._renderers[(height, width)] = renderer
         return renderer
 

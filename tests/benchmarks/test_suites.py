@@ -22,7 +22,8 @@ from benchmarks.registry import (
     list_suites,
 )
 
-SIMULATOR_MODULES = ("metaworld", "mujoco", "gym_pusht", "pymunk", "pygame")
+SIMULATOR_MODULES = ("metaworld", "mujoco", "gym_pusht", "pymunk", "pygame", "libero", "robosuite", "gym_aloha",
+                     "dm_control", "ogbench")
 
 
 def play_expert(suite_name: str, task: str, seed: int):
@@ -42,9 +43,12 @@ def play_expert(suite_name: str, task: str, seed: int):
 def test_registry_lists_every_suite():
     names = list_suites()
     assert names == sorted(names)
-    assert len(names) == 50 + 2 + 1 + 50 + 1  # MT1 ×50, MT10, MT50, PushT; MT1 and MT10 pixel variants
+    # MT1 ×50, MT10, MT50, PushT; MT1 and MT10 pixel variants; LIBERO ×4, ALOHA ×2, OGBench ×3
+    assert len(names) == 50 + 2 + 1 + 50 + 1 + 4 + 2 + 3
     assert {"metaworld-mt1-reach", "metaworld-mt1-button-press-topdown-wall", "metaworld-mt10",
-            "metaworld-mt50", "pusht", "metaworld-mt1-reach-pixels", "metaworld-mt10-pixels"} <= set(names)
+            "metaworld-mt50", "pusht", "metaworld-mt1-reach-pixels", "metaworld-mt10-pixels", "libero-spatial",
+            "libero-object", "libero-goal", "libero-10", "aloha-transfer-cube", "aloha-insertion",
+            "ogbench-cube-single", "ogbench-scene", "ogbench-puzzle-3x3"} <= set(names)
     reach = get_suite("metaworld-mt1-reach")
     assert reach.task_names == ["reach-v3"]
     assert (reach.state_dim, reach.action_dim, reach.max_steps("reach-v3")) == (39, 4, 500)
@@ -76,7 +80,7 @@ def test_catalogue_is_json_and_imports_no_simulator():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     result = json.loads(out.stdout)
-    assert result == {"n": 104, "loaded": []}
+    assert result == {"n": len(list_suites()), "loaded": []}
     entry = next(s for s in catalogue() if s["name"] == "metaworld-mt10")
     json.dumps(entry)
     assert entry["state_dim"] == 39 and entry["action_dim"] == 4 and entry["has_expert"]
