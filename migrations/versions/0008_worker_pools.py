@@ -6,6 +6,8 @@
   run its suite; a worker that stopped heartbeating is not live.
 - ``episodes.simulator_versions``: the simulator packages (and versions) the episode ran with,
   written with its result; NULL for episodes before this revision.
+- ``episodes.initial_state_index``: for suites whose seeds pick one of a fixed set of initial
+  states (LIBERO's official init states), the index the episode started from.
 
 Revision ID: 0008
 Revises: 0007
@@ -40,9 +42,11 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("episodes") as batch:
         batch.add_column(sa.Column("simulator_versions", JSON_DOC, nullable=True))
+        batch.add_column(sa.Column("initial_state_index", sa.Integer(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("episodes") as batch:
+        batch.drop_column("initial_state_index")
         batch.drop_column("simulator_versions")
     op.drop_table("workers")

@@ -384,6 +384,8 @@ class EpisodeOut(_Response):
     simulator_versions: dict[str, str] | None = Field(None, description=(
         "`{package: version}` of the simulator the episode ran on (null for episodes not run, or recorded "
         "before versions were)."))
+    initial_state_index: int | None = Field(None, description=(
+        "For suites whose seeds pick one of a fixed set of initial states (LIBERO's official ones): which."))
     attempts: int
     worker_id: str | None
     started_at: datetime | None

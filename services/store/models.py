@@ -265,6 +265,8 @@ class Episode(Base):
     artifact_path: Mapped[str | None] = mapped_column(String(1000))
     # {package: version} of the simulator it ran on (benchmarks.simulators); None before migration 0008.
     simulator_versions: Mapped[dict[str, str] | None] = mapped_column(JsonDoc)
+    # Suites whose seeds pick one of a fixed set of initial states (LIBERO's): the one it started from.
+    initial_state_index: Mapped[int | None] = mapped_column(Integer)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())

@@ -425,12 +425,13 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
                    latency_mean_ms: float | None = None, latency_p95_ms: float | None = None,
                    failure_reason: FailureReason | str | None = None, error_message: str | None = None,
                    artifact_path: str | None = None, simulator_versions: Mapping[str, str] | None = None,
-                   now: datetime | None = None) -> bool:
+                   initial_state_index: int | None = None, now: datetime | None = None) -> bool:
     """Record an episode's result once; True when written, False when it was already terminal.
 
     ``success=False`` without a ``failure_reason`` means the episode ran out of steps.
     ``artifact_path``: its replay GIF, relative to the workers' ``ARTIFACT_ROOT``;
-    ``simulator_versions``: ``{package: version}`` of the simulator it ran on.
+    ``simulator_versions``: ``{package: version}`` of the simulator it ran on;
+    ``initial_state_index``: the fixed initial state its seed picked, for suites that have them.
     """
     reason = FailureReason(failure_reason).value if failure_reason is not None else None
     if success and reason is not None:
@@ -442,7 +443,8 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
                 total_return=total_return, steps=steps, duration_s=duration_s, latency_mean_ms=latency_mean_ms,
                 latency_p95_ms=latency_p95_ms, failure_reason=reason, error_message=error_message,
                 artifact_path=artifact_path, finished_at=now, lease_expires_at=None,
-                simulator_versions=dict(simulator_versions) if simulator_versions else null())
+                simulator_versions=dict(simulator_versions) if simulator_versions else null(),
+                initial_state_index=initial_state_index)
         .returning(Episode.id).execution_options(synchronize_session=False)).first()
     session.commit()
     return written is not None

@@ -391,7 +391,8 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
             steps=result.steps, duration_s=result.duration_s, latency_mean_ms=result.latency_mean_ms,
             latency_p95_ms=result.latency_p95_ms, failure_reason=reason,
             error_message=message[:2000] if message else None, artifact_path=artifact_path,
-            simulator_versions=simulator_versions(get_suite(job.suite).simulator))
+            simulator_versions=simulator_versions(get_suite(job.suite).simulator),
+            initial_state_index=_initial_state_index(job))
         finalised = queries.finalize_evaluation_if_done(session, job.evaluation_id)
     if not written:
         return RunResult(episode_id, "superseded", attempts=job.attempts, finalised=finalised,
@@ -399,6 +400,13 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
     ok = result.success and reason is None
     return RunResult(episode_id, "succeeded" if ok else "failed", reason.value if reason else None,
                      job.attempts, finalised, message or "")
+
+
+def _initial_state_index(job: _Job) -> int | None:
+    """The fixed initial state the episode's seed picked, for suites that have a set of them (LIBERO)."""
+    env = _envs.get((job.suite, job.task))
+    index = getattr(env, "init_state_index", None) if env is not None and env.seed == job.seed else None
+    return int(index) if index is not None else None
 
 
 def fail_episode(session_factory: sessionmaker[Session], episode_id: int, reason: FailureReason,
