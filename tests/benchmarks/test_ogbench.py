@@ -136,3 +136,14 @@ def test_lights_out_presses_solve_every_puzzle_goal():
         assert np.array_equal(_press(start, presses), goal), task["task_name"]
     assert og.lights_out_presses(np.zeros(9, int), np.zeros(9, int), 3, 3) == []
     assert og.lights_out_presses(np.zeros(9, int), _press(np.zeros(9, int), [4]), 3, 3) == [4]
+
+
+def test_collect_demos_records_the_oracles_episodes(tmp_path):
+    """`trainer collect-demos` on an OGBench suite: the chained oracles' successful episodes become a dataset."""
+    from trainer.collect_demos import collect_demos
+    from trainer.data.lerobot import DemonstrationDataset
+
+    report = collect_demos("ogbench-cube-single", tmp_path / "demos", 1, workers=1, show_progress=False)
+    assert report.episodes == 5 and all(t.successes >= 1 for t in report.tasks)
+    dataset = DemonstrationDataset(tmp_path / "demos")
+    assert len(dataset) == 5 and {episode.task for episode in dataset} == {f"task{i}" for i in range(1, 6)}
