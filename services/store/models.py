@@ -16,6 +16,8 @@ Indexes and who needs them:
   expired" scan.
 - ``evaluations (suite, status, policy_id, success_rate)``: the leaderboard (best
   finished evaluation per policy in a suite) without touching episodes.
+- ``evaluations (suite, definition_hash)``: one leaderboard version, the evaluations
+  made under one definition of a suite (``Suite.definition_hash``).
 - ``evaluations (policy_id, id)``, ``(status, id)``, ``(suite, id)``: filtered
   listings, newest first, keyset-paginated on ``id``.
 - ``evaluation_tags (tag, evaluation_id)``: the listing's tag filter.
@@ -174,6 +176,7 @@ class Evaluation(Base):
         Index("ix_evaluations_policy_id_id", "policy_id", "id"),
         Index("ix_evaluations_status_id", "status", "id"),
         Index("ix_evaluations_suite_id", "suite", "id"),
+        Index("ix_evaluations_suite_definition_hash", "suite", "definition_hash"),
         UniqueConstraint("created_by_key_id", "idempotency_key"),
     )
 
@@ -190,6 +193,10 @@ class Evaluation(Base):
     cameras: Mapped[dict[str, list[int]] | None] = mapped_column(JsonDoc)
     # {"action_horizon": k | None, "temporal_ensemble": m | None}; None (rows before 0007): the defaults.
     inference: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
+    # What produced its numbers (services.store.provenance.build_protocol); None before migration 0009.
+    protocol: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
+    # Suite.definition_hash() when it was made: its leaderboard version. None before migration 0009.
+    definition_hash: Mapped[str | None] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16), default=EvaluationStatus.PENDING.value)
     # The key that submitted it: only that key (or an admin) may cancel it; idempotency keys are per API key.
     created_by_key_id: Mapped[int | None] = mapped_column(
@@ -269,6 +276,8 @@ class Episode(Base):
     initial_state_index: Mapped[int | None] = mapped_column(Integer)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(200))
+    # The host name of the worker that played it (worker_id names its process); None before migration 0009.
+    worker_host: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
