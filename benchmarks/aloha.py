@@ -86,6 +86,9 @@ TRANSFER_CUBE = "transfer-cube"
 INSERTION = "insertion"
 MAX_STEPS = 400
 FPS = 50.0
+SEED_RULE = ("seed (< 2**32) -> gym-aloha's sample_box_pose(seed) / sample_insertion_pose(seed) (a fresh "
+             "numpy.random.RandomState(seed)) for the objects' poses; the arms at ACT's start pose")
+"""Seed → initial state, as ``Suite.seed_rule`` says it (part of every ALOHA suite's definition hash)."""
 SUCCESS_REWARD = 4
 
 INSTRUCTIONS: dict[str, str] = {
@@ -438,6 +441,7 @@ def _suite(name: str, task: str, description: str) -> Suite:
         action_names=ACTION_NAMES,
         cameras=CAMERAS,
         overview_camera=OVERVIEW_CAMERA,
+        seed_rule=SEED_RULE,
     )
 
 

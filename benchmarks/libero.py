@@ -104,6 +104,10 @@ from benchmarks.suite import (
 FPS = 20.0
 INIT_STATES_PER_TASK = 50
 SETTLE_STEPS = 10
+SEED_RULE = (f"seed s -> official init state s % {INIT_STATES_PER_TASK} of the task (set_init_state) after "
+             "LIBERO's reset with NumPy's global RNG seeded from (crc32(task), s % 2**32, s // 2**32), then "
+             f"{SETTLE_STEPS} no-op settle steps not counted in the step limit")
+"""Seed → initial state, as ``Suite.seed_rule`` says it (part of every LIBERO suite's definition hash)."""
 SETTLE_ACTION = np.array([0.0] * 6 + [-1.0])
 """What the arm does while the objects settle after a reset: stay still, gripper open."""
 
@@ -332,4 +336,5 @@ def suites() -> list[Suite]:
         action_names=ACTION_NAMES,
         cameras=CAMERAS,
         overview_camera=OVERVIEW_CAMERA,
+        seed_rule=SEED_RULE,
     ) for name, (benchmark_name, max_steps) in SUITES.items()]

@@ -92,6 +92,10 @@ from benchmarks.suite import (
 )
 
 FPS = 20.0
+SEED_RULE = ("seed -> OGBench's reset(seed=seed, options={task_id}), which reseeds the env's np_random "
+             "(gymnasium's SeedSequence PCG64) that draws the arm's start pose and the goal's perturbation; "
+             "the settling steps of its goal computation undone")
+"""Seed → initial state, as ``Suite.seed_rule`` says it (part of every OGBench suite's definition hash)."""
 CAMERAS: tuple[CameraSpec, ...] = (
     CameraSpec("front", 64, 64, "the table and the arm from in front (OGBench's pixel observation: translucent "
                                 "arm, purple gripper)"),
@@ -504,4 +508,5 @@ def suites() -> list[Suite]:
         action_names=ACTION_NAMES,
         cameras=CAMERAS,
         overview_camera=OVERVIEW_CAMERA,
+        seed_rule=SEED_RULE,
     ) for spec in ENVIRONMENTS]

@@ -45,6 +45,9 @@ from benchmarks.suite import (
 
 TASK = "push-t"
 MAX_STEPS = 300
+SEED_RULE = ("seed -> gym-pusht's reset(seed=seed), which reseeds the env's np_random (gymnasium's "
+             "SeedSequence PCG64) that draws the agent and block poses")
+"""Seed → initial state, as ``Suite.seed_rule`` says it (part of the suite's definition hash)."""
 CAMERAS = (CameraSpec("top", 96, 96, "the workspace from above: goal (green), block and agent"),)
 
 
@@ -102,4 +105,5 @@ def suites() -> list[Suite]:
         action_names=("target_x", "target_y"),
         cameras=CAMERAS,
         overview_camera="top",
+        seed_rule=SEED_RULE,
     )]

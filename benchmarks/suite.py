@@ -34,12 +34,23 @@ the way MetaWorld's own evaluation terminates on success.
 
 Seeds: ``DEMO_SEEDS`` are for collecting training demonstrations and
 ``EVAL_SEED_START`` upward for evaluation, so a policy is never evaluated on an
-initial state it was trained on. ``evaluation_seed(i)`` gives the i-th one.
+initial state it was trained on. ``evaluation_seed(i)`` gives the i-th one. Each
+simulator module says in one string (``Suite.seed_rule``) how a seed becomes an
+initial state.
+
+Versions: ``suite.definition_hash()`` is the SHA-256 of the canonical JSON of the facts
+that decide what a result means — name, simulator, tasks (instruction, step limit),
+state/action dimensions and names, action bounds, ``fps``, cameras and sizes, the seed
+rule — and nothing else (descriptions are prose). Evaluations record it, and the
+leaderboard ranks one hash at a time: changing any of those facts gives the suite a new
+leaderboard version, and the older results stay readable under their own hash.
 """
 
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -268,6 +279,10 @@ class Suite:
     action_names: tuple[str, ...] = ()
     cameras: tuple[CameraSpec, ...] = ()
     overview_camera: str | None = None
+    # How a seed becomes an initial state, in words (e.g. "numpy default_rng([crc32(task), seed])
+    # draws the object and goal positions"); every simulator module declares one, and changing it
+    # changes the definition hash.
+    seed_rule: str = ""
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tasks]
@@ -366,6 +381,33 @@ class Suite:
         if len(set(names_or_sizes)) != len(names_or_sizes):
             raise SuiteError(f"suite {self.name}: camera names repeat in {list(names_or_sizes)}")
         return {name: (spec.height, spec.width) for name in names_or_sizes for spec in [self.camera(name)]}
+
+    def _definition(self) -> dict[str, Any]:
+        """The facts that decide what a result on this suite means, as ``definition_hash`` hashes them."""
+        return {
+            "name": self.name,
+            "simulator": self.simulator,
+            "tasks": [{"name": t.name, "instruction": t.instruction, "max_steps": t.max_steps} for t in self.tasks],
+            "state_dim": self.state_dim,
+            "state_names": list(self.state_names),
+            "action_dim": self.action_dim,
+            "action_names": list(self.action_names),
+            "action_low": [float(v) for v in self.action_low],
+            "action_high": [float(v) for v in self.action_high],
+            "fps": float(self.fps),
+            "cameras": [{"name": c.name, "height": c.height, "width": c.width} for c in self.cameras],
+            "seed_rule": self.seed_rule,
+        }
+
+    def definition_hash(self) -> str:
+        """SHA-256 (hex) of ``_definition()`` as canonical JSON: sorted keys, no spaces, ASCII.
+
+        The same on every machine and in every process (floats print as their shortest
+        round-trip repr); a change to any fact it covers is a new version of the suite.
+        """
+        canonical = json.dumps(self._definition(), sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                               allow_nan=False)
+        return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
     def catalogue_entry(self) -> dict[str, Any]:
         """JSON-ready facts about the suite (no simulator needed)."""
