@@ -10,6 +10,9 @@
   default (current-definition) leaderboard leaves out and no ``?definition=`` selects.
 - ``episodes.worker_host``: the host name of the worker that played it (``worker_id`` names
   the process, which a restart changes); NULL for older episodes and those never played.
+- ``episodes.renderer``: what rendered its frames, for MuJoCo simulators the OpenGL backend
+  (``MUJOCO_GL``: ``egl``, ``osmesa``…; frames differ between them); NULL for the others. A
+  column of its own rather than a key of ``simulator_versions``, which maps packages to versions.
 
 All nullable without a default, so adding them is a metadata-only change on PostgreSQL and
 every older row stays readable.
@@ -42,10 +45,12 @@ def upgrade() -> None:
         batch.create_index("ix_evaluations_suite_definition_hash", ["suite", "definition_hash"])
     with op.batch_alter_table("episodes") as batch:
         batch.add_column(sa.Column("worker_host", sa.String(200), nullable=True))
+        batch.add_column(sa.Column("renderer", sa.String(32), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("episodes") as batch:
+        batch.drop_column("renderer")
         batch.drop_column("worker_host")
     with op.batch_alter_table("evaluations") as batch:
         batch.drop_index("ix_evaluations_suite_definition_hash")

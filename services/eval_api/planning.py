@@ -9,6 +9,10 @@ task's own limit, or when it asks for more episodes than the server allows.
 Seeds: episode ``i`` of each task runs ``evaluation_seed(seed + i)`` — evaluation
 seeds never overlap the demonstration seeds a policy was trained on, and every task
 of one evaluation sees the same seed sequence.
+
+Provenance: the plan carries the evaluation's protocol record
+(``services.store.provenance.build_protocol``) and its suite's definition hash, stored with
+it in the same transaction as its episodes.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.registry import catalogue
+from benchmarks.registry import catalogue, get_suite
 from benchmarks.suite import close_matches, evaluation_seed
 from services.eval_api.errors import ApiError
 from services.eval_api.schemas import EvaluationCreate
 from services.protocol.adapters import IMAGES_RULE
 from services.store.models import Policy
+from services.store.provenance import build_protocol
 from services.store.queries import EpisodeSpec
 
 
@@ -48,6 +53,8 @@ class EvaluationPlan:
     standard: bool
     cameras: dict[str, list[int]]
     inference: dict[str, Any]  # only the settings that differ from the defaults
+    protocol: dict[str, Any]  # what produces its numbers (services.store.provenance)
+    definition_hash: str  # the suite's Suite.definition_hash(): its leaderboard version
 
 
 def plan_evaluation(request: EvaluationCreate, policy: Policy, *, max_episodes: int) -> EvaluationPlan:
@@ -103,9 +110,17 @@ def plan_evaluation(request: EvaluationCreate, policy: Policy, *, max_episodes: 
     # Non-default inference settings measure something else: ranked only among non-standard runs, marked.
     standard = (set(tasks) == set(limits) and all(spec.max_steps == limits[spec.task] for spec in episodes)
                 and inference.is_default)
-    return EvaluationPlan(tasks=tasks, episodes=episodes, standard=standard,
-                          cameras=plan_cameras(request, policy, suite),
-                          inference=inference.model_dump(exclude_none=True))
+    cameras = plan_cameras(request, policy, suite)
+    definition = get_suite(suite["name"])
+    definition_hash = definition.definition_hash()
+    step_limits = [(task, request.max_steps or limits[task]) for task in tasks]
+    protocol = build_protocol(suite=definition.name, definition_hash=definition_hash, simulator=definition.simulator,
+                              seed_rule=definition.seed_rule, step_limits=step_limits, seed=request.seed,
+                              episodes_per_task=request.episodes_per_task, first_seed=evaluation_seed(request.seed),
+                              cameras=cameras, inference=inference.model_dump(), policy=policy)
+    return EvaluationPlan(tasks=tasks, episodes=episodes, standard=standard, cameras=cameras,
+                          inference=inference.model_dump(exclude_none=True), protocol=protocol,
+                          definition_hash=definition_hash)
 
 
 def plan_cameras(request: EvaluationCreate, policy: Policy, suite: dict[str, Any]) -> dict[str, list[int]]:

@@ -308,6 +308,51 @@ class TaskResults(Results):
     task: str
 
 
+class ProtocolTask(BaseModel):
+    name: str
+    max_steps: int = Field(description="The step limit its episodes ran with.")
+
+
+class ProtocolSeeds(BaseModel):
+    seed: int
+    episodes_per_task: int
+    first_seed: int = Field(description="The simulator seed of each task's first episode (then +1 per episode).")
+    rule: str = Field(description="How the suite turns a seed into an initial state (`Suite.seed_rule`).")
+
+
+class ProtocolPolicy(BaseModel):
+    id: int
+    name: str
+    version: str
+    protocol: str = Field(description="The wire protocol its server speaks.")
+    checkpoint_sha256: str | None
+    revision: str | None = Field(description="Names the checkpoint where its server gives no sha256.")
+
+
+class ProtocolSoftware(BaseModel):
+    version: str | None = Field(description="The `evalforge` distribution's version on the API host.")
+    source_commit: str | None = Field(description="The git commit of the API's code; null outside a checkout.")
+
+
+class ProtocolOut(BaseModel):
+    """What produced an evaluation's numbers, recorded when it was created (see `services.store.provenance`).
+
+    The simulator package versions, the renderer and the host are per episode (`EpisodeOut`)."""
+
+    format_version: int
+    suite: str
+    definition_hash: str = Field(description=(
+        "SHA-256 of the suite's definition (tasks, step limits, dimensions, bounds, rate, cameras, seed rule): "
+        "its leaderboard version."))
+    simulator: str = Field(description="The suite's simulator family.")
+    tasks: list[ProtocolTask]
+    seeds: ProtocolSeeds
+    cameras: dict[str, list[int]]
+    inference: InferenceSettings
+    policy: ProtocolPolicy
+    evalforge: ProtocolSoftware
+
+
 class EvaluationOut(_Response):
     id: int
     policy: PolicyRef
@@ -320,6 +365,8 @@ class EvaluationOut(_Response):
     cameras: dict[str, list[int]] = Field(default_factory=dict, description=(
         "`{camera: [height, width]}` the workers rendered and sent to the policy; empty: state only."))
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
+    protocol: ProtocolOut | None = Field(None, description=(
+        "The protocol that produced its numbers; null for evaluations made before protocols were recorded."))
     tags: list[str]
     status: EvaluationStatus
     episodes_total: int
@@ -384,10 +431,15 @@ class EpisodeOut(_Response):
     simulator_versions: dict[str, str] | None = Field(None, description=(
         "`{package: version}` of the simulator the episode ran on (null for episodes not run, or recorded "
         "before versions were)."))
+    renderer: str | None = Field(None, description=(
+        "What rendered its frames: for MuJoCo simulators `MUJOCO_GL`'s OpenGL backend (`egl`, `osmesa`); "
+        "null for other simulators and for episodes not run or recorded before renderers were."))
     initial_state_index: int | None = Field(None, description=(
         "For suites whose seeds pick one of a fixed set of initial states (LIBERO's official ones): which."))
     attempts: int
     worker_id: str | None
+    worker_host: str | None = Field(None, description=(
+        "The host of the worker that played it (null for episodes not run, or recorded before hosts were)."))
     started_at: datetime | None
     finished_at: datetime | None
 
@@ -417,6 +469,9 @@ class LeaderboardEntryOut(BaseModel):
 
 class LeaderboardOut(BaseModel):
     suite: str
+    definition_hash: str = Field(description=(
+        "The version of the suite ranked: only evaluations made under this definition are comparable here."))
+    current_definition: bool = Field(description="Whether that is the suite's current definition.")
     include_nonstandard: bool
     entries: list[LeaderboardEntryOut]
 
@@ -472,3 +527,78 @@ class ReadyOut(BaseModel):
     status: str
     checks: dict[str, str]
 
+
+
+# ---------------------------------------------------------------------------- comparisons
+
+
+class ComparisonRow(BaseModel):
+    """One task's paired comparison (or the overall one): episodes paired by (task, seed)."""
+
+    task: str | None = Field(description="The task; null for the overall row (every pair of every task).")
+    pairs: int = Field(description="(task, seed) pairs scored on both sides: the n of the comparison.")
+    baseline_rate: float | None = Field(description="Baseline success rate over the pairs (null without pairs).")
+    candidate_rate: float | None
+    difference: float | None = Field(description="Candidate − baseline success rate over the pairs.")
+    ci95: Interval | None = Field(description=(
+        "95% interval of the difference: Newcombe (1998) method 10 for paired proportions."))
+    p_value: float | None = Field(description=(
+        "Two-sided exact McNemar p-value (binomial test on the discordant pairs); 1 with no discordant pair."))
+    both_succeeded: int = Field(description="a: pairs where both succeeded.")
+    baseline_only: int = Field(description="b: pairs where only the baseline succeeded.")
+    candidate_only: int = Field(description="c: pairs where only the candidate succeeded.")
+    both_failed: int = Field(description="d: pairs where both failed.")
+
+
+class ComparisonSide(BaseModel):
+    """One side of a comparison: its evaluation and what of it was left out of the pairs."""
+
+    evaluation: EvaluationOut
+    scored: int = Field(description="Its scored episodes (succeeded or failed, not harness failures).")
+    harness_failures: dict[str, int] = Field(description=(
+        "Episodes left out of both sides as harness failures, by failure reason (their partners are unpaired)."))
+    cancelled: int
+    unfinished: int = Field(description="Episodes still pending or running (a live comparison).")
+
+
+class UnpairedEpisode(BaseModel):
+    """A scored episode whose (task, seed) is not scored on the other side, and why."""
+
+    task: str
+    seed: int
+    side: Literal["baseline", "candidate"]
+    episode_id: int
+    reason: str
+
+
+class DiscordantPair(BaseModel):
+    """A (task, seed) on which exactly one side succeeded; both episodes, with their replays where recorded."""
+
+    task: str
+    seed: int
+    succeeded: Literal["baseline", "candidate"] = Field(description="The side that succeeded.")
+    baseline_episode_id: int
+    candidate_episode_id: int
+    baseline_artifact_path: str | None = None
+    candidate_artifact_path: str | None = None
+
+
+class ComparisonOut(BaseModel):
+    """``GET /comparisons``: a paired comparison of two evaluations of the same protocol."""
+
+    baseline: ComparisonSide
+    candidate: ComparisonSide
+    live: bool = Field(description="Either evaluation is not finished: the figures cover the pairs so far.")
+    verdict: str = Field(description=(
+        "The overall exact McNemar test at alpha in words: `candidate better (p = 0.003, n = 200)`, "
+        "`baseline better (…)` or `no detectable difference at n = 50 (p = 0.41)` — which is not \"equal\"."))
+    alpha: float = Field(description="The verdict's two-sided significance level.")
+    interval_method: str = Field(description="How `ci95` is computed.")
+    test_method: str = Field(description="How `p_value` is computed.")
+    overall: ComparisonRow
+    per_task: list[ComparisonRow]
+    unpaired: list[UnpairedEpisode] = Field(description="Unpaired scored episodes (the first 1,000).")
+    unpaired_total: int
+    discordant: list[DiscordantPair] = Field(description=(
+        "Pairs on which exactly one side succeeded (the first 1,000), in task order then seed."))
+    discordant_total: int

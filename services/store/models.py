@@ -278,6 +278,8 @@ class Episode(Base):
     worker_id: Mapped[str | None] = mapped_column(String(200))
     # The host name of the worker that played it (worker_id names its process); None before migration 0009.
     worker_host: Mapped[str | None] = mapped_column(String(200))
+    # What rendered its frames: MUJOCO_GL's backend (egl, osmesa) for MuJoCo simulators; None for others.
+    renderer: Mapped[str | None] = mapped_column(String(32))
     lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())

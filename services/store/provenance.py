@@ -22,8 +22,8 @@ knows then (it may have no simulator installed)::
 step limits, dimensions, bounds, rate, cameras and the seed rule. Changing any of them gives
 the suite a new hash, hence a new leaderboard version. The simulator's package versions and
 renderer are facts of the worker, not of the API, so each episode records its own
-(``episodes.simulator_versions``: ``{package: version}``, plus ``"MUJOCO_GL": backend`` for
-the MuJoCo families, the OpenGL backend their frames were rendered with) and its
+(``episodes.simulator_versions``: ``{package: version}``; ``episodes.renderer``: for the MuJoCo
+families ``MUJOCO_GL``, the OpenGL backend their frames were rendered with) and its
 ``worker_host``.
 
 **Comparable** evaluations ran the same protocol: same suite and suite definition, tasks,

@@ -184,7 +184,8 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
                       idempotency_key: str | None = None, request_sha256: str | None = None,
                       created_by_key_id: int | None = None,
                       cameras: Mapping[str, Sequence[int]] | None = None,
-                      inference: Mapping[str, Any] | None = None) -> CreatedEvaluation:
+                      inference: Mapping[str, Any] | None = None, protocol: Mapping[str, Any] | None = None,
+                      definition_hash: str | None = None) -> CreatedEvaluation:
     """Insert an evaluation, owned by API key ``created_by_key_id``, and all its ``pending``
     episode rows in one transaction.
 
@@ -194,7 +195,10 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
     another key's use of the same string is never seen. Two concurrent requests with
     one key resolve the same way, through the unique index on (API key, idempotency key).
     ``cameras`` (``{camera: (height, width)}``) are what its workers render for the policy;
-    ``inference`` its inference settings (``action_horizon``, ``temporal_ensemble``).
+    ``inference`` its inference settings (``action_horizon``, ``temporal_ensemble``);
+    ``protocol`` the record of what produces its numbers (``provenance.build_protocol``) and
+    ``definition_hash`` its suite's ``Suite.definition_hash()`` (its leaderboard version), both
+    written in the same transaction as the episodes.
     """
     if not episodes:
         raise ValueError("an evaluation needs at least one episode")
@@ -213,7 +217,7 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
         idempotency_key=idempotency_key, request_sha256=request_sha256, episodes_total=len(episodes),
         created_by_key_id=created_by_key_id, cameras=camera_sizes(cameras),
         inference=dict(inference) if inference else null(),  # SQL NULL (not JSON null): the defaults
-        created_at=now, tag_rows=[EvaluationTag(tag=tag) for tag in sorted(set(tags))])
+        protocol=dict(protocol) if protocol else null(), definition_hash=definition_hash, created_at=now, tag_rows=[EvaluationTag(tag=tag) for tag in sorted(set(tags))])
     session.add(evaluation)
     try:
         session.flush()
@@ -425,13 +429,16 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
                    latency_mean_ms: float | None = None, latency_p95_ms: float | None = None,
                    failure_reason: FailureReason | str | None = None, error_message: str | None = None,
                    artifact_path: str | None = None, simulator_versions: Mapping[str, str] | None = None,
-                   initial_state_index: int | None = None, now: datetime | None = None) -> bool:
+                   initial_state_index: int | None = None, worker_host: str | None = None,
+                   renderer: str | None = None, now: datetime | None = None) -> bool:
     """Record an episode's result once; True when written, False when it was already terminal.
 
     ``success=False`` without a ``failure_reason`` means the episode ran out of steps.
     ``artifact_path``: its replay GIF, relative to the workers' ``ARTIFACT_ROOT``;
     ``simulator_versions``: ``{package: version}`` of the simulator it ran on;
-    ``initial_state_index``: the fixed initial state its seed picked, for suites that have them.
+    ``initial_state_index``: the fixed initial state its seed picked, for suites that have them;
+    ``worker_host``: the host name of the worker that played it; ``renderer``: what rendered its
+    frames (``MUJOCO_GL``'s backend for MuJoCo simulators).
     """
     reason = FailureReason(failure_reason).value if failure_reason is not None else None
     if success and reason is not None:
@@ -444,7 +451,7 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
                 latency_p95_ms=latency_p95_ms, failure_reason=reason, error_message=error_message,
                 artifact_path=artifact_path, finished_at=now, lease_expires_at=None,
                 simulator_versions=dict(simulator_versions) if simulator_versions else null(),
-                initial_state_index=initial_state_index)
+                initial_state_index=initial_state_index, worker_host=worker_host, renderer=renderer)
         .returning(Episode.id).execution_options(synchronize_session=False)).first()
     session.commit()
     return written is not None
@@ -601,9 +608,14 @@ class LeaderboardEntry:
     inference: dict[str, Any] | None = None
 
 
-def leaderboard(session: Session, suite: str, *, include_nonstandard: bool = False,
-                limit: int = 100) -> list[LeaderboardEntry]:
+def leaderboard(session: Session, suite: str, *, definition_hash: str | None = None,
+                include_nonstandard: bool = False, limit: int = 100) -> list[LeaderboardEntry]:
     """Each policy's best finished evaluation on ``suite``, best first.
+
+    ``definition_hash``: one version of the suite (``Suite.definition_hash()``), the only
+    evaluations that are comparable with each other; callers pass the suite's current one
+    unless a reader asks for an older version. Evaluations made before definitions were
+    recorded (NULL) are on no version. ``None`` ranks across every definition.
 
     Best: highest success rate; ties go to the tighter evidence (higher Wilson lower
     bound, i.e. more episodes), then to the earlier result. Who competes is
@@ -612,6 +624,8 @@ def leaderboard(session: Session, suite: str, *, include_nonstandard: bool = Fal
     outrank a full one.
     """
     conditions = [Evaluation.suite == suite, *leaderboard_eligibility(include_nonstandard=include_nonstandard)]
+    if definition_hash is not None:
+        conditions.append(Evaluation.definition_hash == definition_hash)
     order = (Evaluation.success_rate.desc(), Evaluation.success_ci_low.desc(), Evaluation.finished_at.asc(),
              Evaluation.id.asc())
     ranked = (select(Evaluation.id.label("evaluation_id"),
@@ -627,6 +641,13 @@ def leaderboard(session: Session, suite: str, *, include_nonstandard: bool = Fal
     return [LeaderboardEntry(rank=rank, policy=row[0], evaluation_id=row[1], success_rate=row[2], ci_low=row[3],
                              ci_high=row[4], episodes=row[5], finished_at=row[6], inference=row[7])
             for rank, row in enumerate(session.execute(query), start=1)]
+
+
+def has_definition(session: Session, suite: str, definition_hash: str) -> bool:
+    """Whether any evaluation of ``suite`` was made under ``definition_hash`` (a leaderboard version exists)."""
+    found = session.scalar(select(Evaluation.id).where(Evaluation.suite == suite,
+                                                       Evaluation.definition_hash == definition_hash).limit(1))
+    return found is not None
 
 
 # ---------------------------------------------------------------------------- workers

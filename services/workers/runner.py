@@ -26,7 +26,9 @@
    server kept answering with errors). A simulator exception fails it with
    ``env_error`` at once (it would fail again); the worker goes on;
 5. writes the result once (``queries.finish_episode``, with the replay GIF's path if
-   one was recorded, and the simulator packages' versions it ran with) and finalises the evaluation if that was its last live episode
+   one was recorded, the simulator packages' versions it ran with, its renderer
+   (``renderer``: for MuJoCo simulators ``MUJOCO_GL``, the OpenGL backend its frames were
+   rendered with) and this worker's host name) and finalises the evaluation if that was its last live episode
    (``queries.finalize_evaluation_if_done``, which closes it exactly once however many
    workers race).
 
@@ -47,6 +49,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -385,14 +388,15 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
     if recorders:
         artifact_path = save_replay(recorders[-1], settings.artifact_root, job.evaluation_id, job.episode_index,
                                     fps=get_suite(job.suite).fps / settings.replay_every)
+    family = get_suite(job.suite).simulator
     with session_factory() as session:
         written = queries.finish_episode(
             session, episode_id, success=result.success and reason is None, total_return=result.total_return,
             steps=result.steps, duration_s=result.duration_s, latency_mean_ms=result.latency_mean_ms,
             latency_p95_ms=result.latency_p95_ms, failure_reason=reason,
             error_message=message[:2000] if message else None, artifact_path=artifact_path,
-            simulator_versions=simulator_versions(get_suite(job.suite).simulator),
-            initial_state_index=_initial_state_index(job))
+            simulator_versions=simulator_versions(family), renderer=renderer(family),
+            initial_state_index=_initial_state_index(job), worker_host=socket.gethostname())
         finalised = queries.finalize_evaluation_if_done(session, job.evaluation_id)
     if not written:
         return RunResult(episode_id, "superseded", attempts=job.attempts, finalised=finalised,
@@ -400,6 +404,15 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
     ok = result.success and reason is None
     return RunResult(episode_id, "succeeded" if ok else "failed", reason.value if reason else None,
                      job.attempts, finalised, message or "")
+
+
+def renderer(family: str) -> str | None:
+    """The renderer a simulator family's frames come from in this worker: ``MUJOCO_GL`` (``egl``,
+    ``osmesa``, ``glfw``; ``benchmarks.rendering`` chooses it when the environment does not) for
+    the MuJoCo families, whose frames differ between backends; None for the others."""
+    if "mujoco" not in simulator_versions(family):
+        return None
+    return os.environ.get("MUJOCO_GL") or None
 
 
 def _initial_state_index(job: _Job) -> int | None:
@@ -420,7 +433,7 @@ def fail_episode(session_factory: sessionmaker[Session], episode_id: int, reason
         evaluation_id = episode.evaluation_id
         session.rollback()
         written = queries.finish_episode(session, episode_id, success=False, failure_reason=reason,
-                                         error_message=message)
+                                         error_message=message, worker_host=socket.gethostname())
         queries.finalize_evaluation_if_done(session, evaluation_id)
     return written
 

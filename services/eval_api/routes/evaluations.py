@@ -116,7 +116,8 @@ def create_evaluation(body: EvaluationCreate, response: Response, background: Ba
             episodes_per_task=body.episodes_per_task, seed=body.seed, max_steps=body.max_steps,
             standard=plan.standard, tags=body.tags, episodes=plan.episodes, idempotency_key=idempotency_key,
             request_sha256=_request_sha256(body) if idempotency_key is not None else None,
-            created_by_key_id=caller.key_id, cameras=plan.cameras, inference=plan.inference)
+            created_by_key_id=caller.key_id, cameras=plan.cameras, inference=plan.inference,
+            protocol=plan.protocol, definition_hash=plan.definition_hash)
     except queries.IdempotencyConflict as exc:
         raise ApiError(409, "idempotency_conflict", str(exc), {"evaluation_id": exc.evaluation_id}) from exc
     evaluation = created.evaluation
@@ -158,7 +159,10 @@ def get_evaluation(evaluation_id: EvaluationId, session: SessionDep, settings: S
                    _read: ReadAccessDep) -> EvaluationDetail:
     """Status, episode counts by status, and per-task and overall results: success rate with its
     Wilson 95% interval, mean steps, policy latency p50/p95, failure reasons; `waiting_for` says
-    when no live worker can run the suite's simulator (its episodes then stay pending)."""
+    when no live worker can run the suite's simulator (its episodes then stay pending); `protocol`
+    what produced the numbers (suite definition, tasks and step limits, seeds, cameras, inference
+    settings, the policy's identity, EvalForge's version and commit). Each episode records its
+    worker's host and simulator versions (`GET /evaluations/{id}/episodes`)."""
     evaluation = _get_or_404(session, evaluation_id)
     results = queries.evaluation_results(session, evaluation)
     return evaluation_detail(evaluation, results, waiting_for_workers(session, evaluation, results, settings))

@@ -1,4 +1,9 @@
-"""``/leaderboard``: policies ranked per suite by their best finished evaluation."""
+"""``/leaderboard``: policies ranked per suite by their best finished evaluation, one suite definition at a time.
+
+Evaluations are comparable only under the same suite definition (``Suite.definition_hash``):
+the board ranks those made under the suite's current one, and ``?definition=HASH`` shows an
+older version's board. Evaluations made before definitions were recorded are on none.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from benchmarks.registry import get_suite
 from services.eval_api.deps import ReadAccessDep, SessionDep
+from services.eval_api.errors import ApiError
 from services.eval_api.planning import get_suite_entry
 from services.eval_api.schemas import (
     Interval,
@@ -21,18 +28,31 @@ from services.store import queries
 router = APIRouter(tags=["leaderboard"])
 
 
-@router.get("/leaderboard", response_model=LeaderboardOut, responses=error_responses(401, 403, 422))
+@router.get("/leaderboard", response_model=LeaderboardOut, responses=error_responses(401, 403, 404, 422))
 def leaderboard(suite: Annotated[Name, Query(description="Suite name (`GET /suites`).",
                                                           examples=["metaworld-mt10"])], session: SessionDep,
                 _read: ReadAccessDep,
                 include_nonstandard: Annotated[bool, Query(
                     description="Also rank evaluations of a task subset or with lowered step limits.")] = False,
+                definition: Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$", description=(
+                    "A suite definition hash (an evaluation's `protocol.definition_hash`): that version's board; "
+                    "default: the suite's current definition."))] = None,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> LeaderboardOut:
-    """Each policy's best finished evaluation on `suite`: highest success rate first, ties to the
-    higher Wilson lower bound (more evidence), then to the earlier result."""
+    """Each policy's best finished evaluation on `suite` under one suite definition (default: the
+    current one): highest success rate first, ties to the higher Wilson lower bound (more
+    evidence), then to the earlier result."""
     get_suite_entry(suite)
-    entries = queries.leaderboard(session, suite, include_nonstandard=include_nonstandard, limit=limit)
-    return LeaderboardOut(suite=suite, include_nonstandard=include_nonstandard, entries=[
+    current = get_suite(suite).definition_hash()
+    definition_hash = definition or current
+    entries = queries.leaderboard(session, suite, definition_hash=definition_hash,
+                                  include_nonstandard=include_nonstandard, limit=limit)
+    if not entries and definition_hash != current and not queries.has_definition(session, suite, definition_hash):
+        raise ApiError(404, "unknown_definition",
+                       f"no evaluation of suite {suite} was made under definition {definition_hash}; its current "
+                       f"definition is {current} (leave `definition` out for it), and an evaluation's own is its "
+                       "`protocol.definition_hash`", {"current_definition": current})
+    return LeaderboardOut(suite=suite, definition_hash=definition_hash, current_definition=definition_hash == current,
+                          include_nonstandard=include_nonstandard, entries=[
         LeaderboardEntryOut(rank=e.rank, policy=PolicyRef.model_validate(e.policy), evaluation_id=e.evaluation_id,
                             success_rate=e.success_rate, ci95=Interval(low=e.ci_low, high=e.ci_high),
                             episodes=e.episodes, finished_at=e.finished_at, inference=e.inference or {})
