@@ -30,6 +30,7 @@ import httpx
 
 # The API's own response bodies: the client returns what the server declares, defined once.
 from services.eval_api.schemas import (
+    ComparisonOut,
     EpisodeOut,
     EvaluationDetail,
     EvaluationOut,
@@ -291,6 +292,11 @@ class EvalForgeClient:
             else:
                 time.sleep(poll_s)
             report = self.get_evaluation(evaluation_id)
+
+    def compare(self, baseline_id: int, candidate_id: int) -> ComparisonOut:
+        """The paired comparison of two evaluations of the same protocol (``GET /comparisons``): per task
+        and overall, both success rates, the difference with its 95% interval, McNemar's p, the verdict."""
+        return ComparisonOut.model_validate(self._get("/comparisons", baseline=baseline_id, candidate=candidate_id))
 
     # ------------------------------------------------------------------ leaderboard, catalogue, health
 

@@ -3,6 +3,8 @@
 An evaluation plays every task of a suite (or --task subsets) for
 --episodes-per-task episodes on held-out evaluation seeds; --watch shows its
 progress until it is done, then its per-task results with Wilson 95% intervals.
+``compare A B`` pairs two evaluations' episodes by task and seed and says whether
+the candidate B differs from the baseline A (docs/statistics.md).
 """
 
 from __future__ import annotations
@@ -70,7 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cancel_parser.add_argument("id", type=positive_int, help="evaluation id")
     cancel_parser.set_defaults(action_run=client_verb(cancel))
 
-    for action_parser in (submit_parser, status_parser, list_parser, cancel_parser):
+    compare_parser = actions.add_parser("compare", help="compare two evaluations episode by episode (paired)")
+    compare_parser.add_argument("baseline", type=positive_int, metavar="BASELINE", help="the baseline evaluation's id")
+    compare_parser.add_argument("candidate", type=positive_int, metavar="CANDIDATE",
+                                help="the candidate evaluation's id (same suite, tasks, seeds and settings)")
+    compare_parser.set_defaults(action_run=client_verb(compare))
+
+    for action_parser in (submit_parser, status_parser, list_parser, cancel_parser, compare_parser):
         add_connection_options(action_parser)
         add_json_option(action_parser)
 
@@ -173,4 +181,15 @@ def cancel(args: argparse.Namespace, client: EvalForgeClient) -> int:
         return 0
     print(f"evaluation {report.id} is {report.status}: {report.counts.get('cancelled', 0)} episodes "
           f"cancelled, {report.counts.get('running', 0)} still running finish first")
+    return 0
+
+
+def compare(args: argparse.Namespace, client: EvalForgeClient) -> int:
+    from services.cli.render import print_comparison, print_json, stdout_console
+
+    comparison = client.compare(args.baseline, args.candidate)
+    if args.json:
+        print_json(comparison)
+    else:
+        print_comparison(comparison, stdout_console())
     return 0

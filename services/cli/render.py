@@ -28,6 +28,8 @@ from rich.table import Table
 
 from services.client import EvalForgeClient
 from services.eval_api.schemas import (
+    ComparisonOut,
+    ComparisonRow,
     EvaluationDetail,
     EvaluationOut,
     Interval,
@@ -35,6 +37,7 @@ from services.eval_api.schemas import (
     PolicySummary,
     Results,
 )
+from services.store.provenance import provenance_line
 from services.store.statuses import EpisodeStatus
 
 # Wider than any table here; only bounds the measurement of a table's natural width.
@@ -142,7 +145,7 @@ def watch_with_progress(client: EvalForgeClient, evaluation_id: int, *, console:
 
 def print_results(report: EvaluationDetail, console: Console) -> None:
     """Per-task results of an evaluation: episodes, success rate with its 95% interval, mean steps,
-    median policy latency and failure reasons, then the overall row."""
+    median policy latency and failure reasons, then the overall row, and a line naming its protocol."""
     title = f"evaluation {report.id} · {report.policy.label} · {report.suite} · {report.status}"
     if not report.inference.is_default:
         title += f" · {report.inference.label}"
@@ -165,6 +168,8 @@ def print_results(report: EvaluationDetail, console: Console) -> None:
     table.add_section()
     row("overall", report.overall, style="bold")
     print_table(console, table)
+    protocol = report.protocol.model_dump() if report.protocol is not None else None
+    console.print(f"provenance: {provenance_line(protocol)}", highlight=False, soft_wrap=True)
 
 
 def print_leaderboard(board: LeaderboardOut, console: Console) -> None:
@@ -208,6 +213,51 @@ def print_evaluations(evaluations: Iterable[EvaluationOut], console: Console) ->
         table.add_row(str(e.id), e.policy.label, e.suite + subset, e.status,
                       str(e.episodes_total), percent(e.success_rate), _when(e.created_at), ", ".join(e.tags))
     print_table(console, table)
+
+
+def _points(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:+.1f}"
+
+
+def _p_value(p: float | None) -> str:
+    return "–" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def print_comparison(comparison: ComparisonOut, console: Console) -> None:
+    """A paired comparison: per task and overall, the pairs, both success rates, the difference
+    (candidate − baseline, points) with its 95% interval, McNemar's p and b / c; then the verdict and
+    what was left out of the pairs."""
+    base, cand = comparison.baseline.evaluation, comparison.candidate.evaluation
+    title = (f"candidate {cand.id} ({cand.policy.label}) vs baseline {base.id} ({base.policy.label}) · {base.suite}"
+             + (" · live" if comparison.live else ""))
+    table = Table(title=title, title_justify="left")
+    table.add_column("task")
+    for column in ("n", "baseline", "candidate", "difference", "95% CI", "McNemar p", "b / c"):
+        table.add_column(column, justify="right")
+
+    def row(result: ComparisonRow, style: str | None = None) -> None:
+        ci = "–" if result.ci95 is None else f"[{_points(result.ci95.low)}, {_points(result.ci95.high)}]"
+        table.add_row(result.task or "overall", str(result.pairs), percent(result.baseline_rate),
+                      percent(result.candidate_rate), _points(result.difference), ci, _p_value(result.p_value),
+                      f"{result.baseline_only} / {result.candidate_only}", style=style)
+
+    for result in comparison.per_task:
+        row(result)
+    table.add_section()
+    row(comparison.overall, style="bold")
+    print_table(console, table)
+    console.print("difference: candidate − baseline, points; 95% CI: Newcombe's paired interval; b: pairs only the "
+                  "baseline succeeded on, c: only the candidate", highlight=False, soft_wrap=True)
+    for name, side in (("baseline", comparison.baseline), ("candidate", comparison.candidate)):
+        left_out = [f"{n} {reason}" for reason, n in side.harness_failures.items()]
+        left_out += [f"{n} {what}" for what, n in (("cancelled", side.cancelled), ("not finished", side.unfinished))
+                     if n]
+        if left_out:
+            console.print(f"left out on the {name} side: {', '.join(left_out)}", highlight=False, soft_wrap=True)
+    if comparison.unpaired_total:
+        console.print(f"{comparison.unpaired_total} unpaired episodes (scored on one side only; --json lists them)",
+                      highlight=False, soft_wrap=True)
+    console.print(f"verdict: {comparison.verdict}", highlight=False, soft_wrap=True)
 
 
 def print_json(answer: BaseModel | Sequence[BaseModel]) -> None:

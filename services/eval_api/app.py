@@ -22,7 +22,15 @@ from services.eval_api.handshake import read_handshake
 from services.eval_api.metrics import ApiMetrics, RequestMetrics
 from services.eval_api.middleware import BodySizeLimit
 from services.eval_api.pages import router as pages_router
-from services.eval_api.routes import evaluations, health, leaderboard, policies, suites, workers
+from services.eval_api.routes import (
+    comparisons,
+    evaluations,
+    health,
+    leaderboard,
+    policies,
+    suites,
+    workers,
+)
 from services.eval_api.settings import ApiSettings
 from services.eval_api.settings import settings as default_settings
 from services.protocol.adapters import ServerInfo
@@ -78,7 +86,7 @@ def create_app(settings: ApiSettings | None = None, store_settings: StoreSetting
     # Added last = outermost: metrics see every response, including the cap's 413.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=app.state.metrics)
-    for module in (policies, evaluations, leaderboard, suites, workers, health):
+    for module in (policies, evaluations, comparisons, leaderboard, suites, workers, health):
         app.include_router(module.router)
     app.include_router(pages_router)
     return app

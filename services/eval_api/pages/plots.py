@@ -338,3 +338,77 @@ def line_chart(series: Sequence[Series], *, width: int = 1000, height: int = 300
                     f'fill="{colour}"/><text x="{_n(lx + 20)}" y="{_n(ly - 4)}" font-size="12" fill="{TEXT}">'
                     f"{escape(_shorten(item.name, 34))}</text></g>")
     return _svg(width, height, label, body, "chart line-chart")
+
+
+# ---------------------------------------------------------------------------- difference chart
+
+
+@dataclass(frozen=True, slots=True)
+class DifferenceRow:
+    """One bar of a ``difference_chart``: a label, a difference (−1…1), its interval and its pairs."""
+
+    label: str
+    difference: float | None
+    low: float | None
+    high: float | None
+    n: int
+
+
+def _signed_pct(value: float) -> str:
+    return f"{100 * value:+.1f} pts"
+
+
+def difference_chart(rows: Sequence[DifferenceRow], *, width: int = 1000, row_height: int = 24,
+                     label_width: int = 220, value_width: int = 250, title: str = "") -> Markup:
+    """Differences (candidate − baseline, percentage points) as bars from 0 with 95% whiskers, one row each.
+
+    The axis is symmetric around 0 and spans the widest interval (at least ±10 points), so a
+    whisker that crosses the 0 line shows at a glance a difference the data cannot tell from none.
+    Bars right of 0 (the candidate did better) are blue, left of 0 orange."""
+    top, bottom = 8, 26
+    plot_x, plot_w = label_width, width - label_width - value_width
+    height = top + bottom + row_height * max(len(rows), 1)
+    reach = max([0.1] + [abs(v) for r in rows for v in (r.difference, r.low, r.high) if v is not None])
+    span = min(1.0, math.ceil(reach / nice_step(reach, 4)) * nice_step(reach, 4))
+
+    def x_of(value: float) -> float:
+        return plot_x + plot_w * (value + span) / (2 * span)
+
+    body = []
+    step = nice_step(2 * span, 4)
+    tick = -span
+    while tick <= span + 1e-9:
+        x = x_of(tick)
+        colour = TEXT if abs(tick) < 1e-9 else GRID
+        body.append(f'<line x1="{_n(x)}" y1="{top}" x2="{_n(x)}" y2="{height - bottom}" stroke="{colour}"/>'
+                    f'<text x="{_n(x)}" y="{height - bottom + 15}" font-size="11" fill="{TEXT}" '
+                    f'text-anchor="middle">{100 * tick:+.0f}</text>')
+        tick += step
+    for i, row in enumerate(rows):
+        y = top + i * row_height
+        mid = y + row_height / 2
+        body.append(f'<text class="row-label" x="{label_width - 8}" y="{_n(mid + 4)}" font-size="12" '
+                    f'fill="{TEXT}" text-anchor="end">{escape(_shorten(row.label, 30))}</text>')
+        if row.difference is None:
+            body.append(f'<text x="{plot_x + 4}" y="{_n(mid + 4)}" font-size="11" fill="#9aa5b1">'
+                        "no pairs yet</text>")
+            continue
+        figures = _signed_pct(row.difference)
+        if row.low is not None and row.high is not None:
+            figures += f" [{_signed_pct(row.low)}, {_signed_pct(row.high)}]"
+        figures += f" n={row.n}"
+        x0, x1 = sorted((x_of(0), x_of(row.difference)))
+        colour = BAR if row.difference >= 0 else PALETTE[5]
+        body.append(f'<rect class="bar" x="{_n(x0)}" y="{_n(y + 5)}" width="{_n(max(x1 - x0, 1))}" '
+                    f'height="{row_height - 10}" fill="{colour}" fill-opacity="0.75">'
+                    f"<title>{escape(row.label)}: {escape(figures)}</title></rect>")
+        if row.low is not None and row.high is not None:
+            w0, w1 = x_of(row.low), x_of(row.high)
+            body.append(f'<g class="whisker" stroke="{WHISKER}" stroke-width="1.5">'
+                        f'<line x1="{_n(w0)}" y1="{_n(mid)}" x2="{_n(w1)}" y2="{_n(mid)}"/>'
+                        f'<line x1="{_n(w0)}" y1="{_n(y + 3)}" x2="{_n(w0)}" y2="{_n(y + row_height - 3)}"/>'
+                        f'<line x1="{_n(w1)}" y1="{_n(y + 3)}" x2="{_n(w1)}" y2="{_n(y + row_height - 3)}"/>'
+                        "</g>")
+        body.append(f'<text class="row-value" x="{plot_x + plot_w + 8}" y="{_n(mid + 4)}" font-size="11" '
+                    f'fill="{TEXT}">{escape(figures)}</text>')
+    return _svg(width, height, title or "difference per row with 95% intervals", body, "chart difference-chart")

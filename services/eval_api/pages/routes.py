@@ -17,7 +17,7 @@ from services.eval_api.pages import plots, reads, tables
 from services.eval_api.planning import suites_by_name
 from services.eval_api.schemas import MAX_ID, InferenceSettings
 from services.eval_api.settings import ApiSettings
-from services.store import queries
+from services.store import comparisons, queries
 from services.store.aggregates import unranked_reason
 from services.store.models import Episode, Evaluation
 from services.store.statuses import HARNESS_FAILURES, TERMINAL_EPISODE_STATUSES
@@ -176,3 +176,31 @@ def policy_page(policy_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], session: 
     shown = evaluations[:POLICY_EVALUATIONS_LIMIT]
     return render("policy.html", policy=policy, evaluations=shown, truncated=len(evaluations) > len(shown),
                   over_time=plots.line_chart(_over_time(shown), title="success rate per suite over time"))
+
+
+@router.get(UI_ROOT + "comparisons", response_class=HTMLResponse)
+def comparison_page(session: SessionDep, settings: SettingsDep, credentials: Credentials,
+                    baseline: Annotated[int, Query(ge=1, le=MAX_ID)],
+                    candidate: Annotated[int, Query(ge=1, le=MAX_ID)]) -> HTMLResponse:
+    """The verdict in words, per-task differences with their intervals, and the discordant episodes
+    with both replays side by side (``GET /comparisons`` as a page)."""
+    if (refusal := _refused(session, settings, credentials)) is not None:
+        return refusal
+    try:
+        comparison = comparisons.compare_evaluations(session, baseline, candidate)
+    except queries.NotFound as exc:
+        return _message(404, "No such evaluation", f"{str(exc)[0].upper()}{str(exc)[1:]}.",
+                        "The leaderboard and the policy pages link to evaluations; GET /evaluations lists them.")
+    except comparisons.NotComparable as exc:
+        return _message(422, "Not comparable", f"Evaluations {baseline} and {candidate} ran different "
+                        f"protocols: {'; '.join(exc.differences)}.",
+                        "Episodes pair by task and seed only between evaluations of the same suite, tasks, seeds, "
+                        "step limits, cameras and inference settings; submit the candidate with the baseline's.")
+    rows = [comparison.overall, *comparison.per_task]
+    chart = plots.difference_chart(
+        [plots.DifferenceRow(label=row.task or "overall", difference=row.difference,
+                             low=row.ci95[0] if row.ci95 else None, high=row.ci95[1] if row.ci95 else None,
+                             n=row.pairs) for row in rows],
+        title="difference in success rate (candidate − baseline, points) per task with 95% intervals")
+    return render("comparison.html", comparison=comparison, rows=rows, chart=chart,
+                  format_p=comparisons.format_p, alpha=comparisons.ALPHA)
