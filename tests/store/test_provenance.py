@@ -201,3 +201,13 @@ def test_an_evaluation_made_before_revision_0009_reads_back_and_compares_on_its_
             assert queries.leaderboard(session, "metaworld-mt10", definition_hash=HASH_A) == []
     finally:
         engine.dispose()
+
+
+def test_the_worker_records_mujocos_gl_backend_as_the_renderer_of_mujoco_simulators(monkeypatch):
+    from services.workers.runner import renderer
+
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")
+    assert renderer("metaworld") == "osmesa"
+    assert renderer("gym-pusht") is None  # pygame draws PushT's frames: no OpenGL backend to name
+    monkeypatch.delenv("MUJOCO_GL")
+    assert renderer("metaworld") is None
