@@ -186,11 +186,15 @@ def print_leaderboard(board: LeaderboardOut, console: Console) -> None:
     for column in ("success", "95% CI", "episodes", "evaluation"):
         table.add_column(column, justify="right")
     table.add_column("finished (UTC)")
-    table.add_column("inference")
+    marked = any(not entry.inference.is_default for entry in board.entries)
+    if marked:  # only boards with non-standard runs (include_nonstandard) have evaluations to mark
+        table.add_column("inference")
     for entry in board.entries:
-        table.add_row(str(entry.rank), entry.policy.name, entry.policy.version, percent(entry.success_rate),
-                      interval(entry.ci95), str(entry.episodes), str(entry.evaluation_id), _when(entry.finished_at),
-                      "" if entry.inference.is_default else entry.inference.label)
+        cells = [str(entry.rank), entry.policy.name, entry.policy.version, percent(entry.success_rate),
+                 interval(entry.ci95), str(entry.episodes), str(entry.evaluation_id), _when(entry.finished_at)]
+        if marked:
+            cells.append("" if entry.inference.is_default else entry.inference.label)
+        table.add_row(*cells)
     print_table(console, table)
 
 

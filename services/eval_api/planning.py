@@ -37,6 +37,12 @@ def suites_by_name() -> dict[str, dict[str, Any]]:
     return {entry["name"]: entry for entry in catalogue()}
 
 
+@functools.cache
+def current_definitions() -> dict[str, str]:
+    """Suite → its current definition hash (``Suite.definition_hash``): the leaderboard version it ranks."""
+    return {name: get_suite(name).definition_hash() for name in suites_by_name()}
+
+
 def get_suite_entry(name: str) -> dict[str, Any]:
     """The catalogue entry of suite ``name``; a 422 ``unknown_suite`` listing close matches otherwise."""
     suites = suites_by_name()

@@ -31,6 +31,7 @@ from services.store.statuses import (
     EpisodeStatus,
     EvaluationStatus,
     PolicyProtocol,
+    inference_label,
 )
 
 MAX_ID = 2**63 - 1  # ids are 64-bit; larger numbers are refused before they reach the database
@@ -245,9 +246,7 @@ class InferenceSettings(BaseModel):
     @property
     def label(self) -> str:
         """``whole chunk``, ``horizon 1`` or ``ensemble m=0.01``: how tables and pages name it."""
-        if self.temporal_ensemble is not None:
-            return f"ensemble m={self.temporal_ensemble:g}"
-        return "whole chunk" if self.action_horizon is None else f"horizon {self.action_horizon}"
+        return inference_label(self.model_dump())
 
 
 class EvaluationCreate(_Request):

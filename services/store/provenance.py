@@ -38,12 +38,14 @@ it is never comparable with one whose definition is recorded.
 from __future__ import annotations
 
 import functools
+import subprocess
 from collections.abc import Mapping, Sequence
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
-from policy_format.card import source_commit
 from services.store.models import Evaluation, Policy
+from services.store.statuses import inference_label
 
 PROTOCOL_FORMAT_VERSION = 1
 """The layout of ``evaluations.protocol``; a reader of a later layout keeps reading this one."""
@@ -62,8 +64,16 @@ def evalforge_version() -> str | None:
 
 @functools.cache
 def evalforge_source_commit() -> str | None:
-    """The git commit of the running code, read once per process (the code does not change under it)."""
-    return source_commit()
+    """The git commit of the running code, read once per process (the code does not change under it).
+
+    (The store imports nothing of ours outside it, so this asks git itself, as ``policy_format``'s
+    ``source_commit`` does for a checkpoint's provenance.)"""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
 
 
 def build_protocol(*, suite: str, definition_hash: str, simulator: str, seed_rule: str,
@@ -95,14 +105,6 @@ def _inference(inference: Mapping[str, Any] | None) -> dict[str, Any]:
     """Inference settings with both keys present (NULL or ``{}``: the defaults)."""
     inference = inference or {}
     return {"action_horizon": inference.get("action_horizon"), "temporal_ensemble": inference.get("temporal_ensemble")}
-
-
-def inference_label(inference: Mapping[str, Any] | None) -> str:
-    """``whole chunk``, ``horizon 1`` or ``ensemble m=0.01``: how inference settings are named."""
-    settings = _inference(inference)
-    if settings["temporal_ensemble"] is not None:
-        return f"ensemble m={settings['temporal_ensemble']:g}"
-    return "whole chunk" if settings["action_horizon"] is None else f"horizon {settings['action_horizon']}"
 
 
 def provenance_line(protocol: Mapping[str, Any] | None) -> str:

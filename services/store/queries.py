@@ -587,12 +587,21 @@ def leaderboard_eligibility(*, include_nonstandard: bool = False) -> list[Column
     return conditions
 
 
-def ranked_policy_counts(session: Session, *, include_nonstandard: bool = False) -> dict[str, int]:
-    """Suite → number of policies its leaderboard ranks (the suite tabs of the leaderboard page)."""
-    rows = session.execute(select(Evaluation.suite, func.count(distinct(Evaluation.policy_id)))
+def ranked_policy_counts(session: Session, *, include_nonstandard: bool = False,
+                         current_definitions: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Suite → number of policies its leaderboard ranks (the suite tabs of the leaderboard page).
+
+    With ``current_definitions`` (suite → its current definition hash), only evaluations of
+    that definition count, as the leaderboard ranks only those."""
+    rows = session.execute(select(Evaluation.suite, Evaluation.definition_hash,
+                                  func.count(distinct(Evaluation.policy_id)))
                            .where(*leaderboard_eligibility(include_nonstandard=include_nonstandard))
-                           .group_by(Evaluation.suite))
-    return {suite: count for suite, count in rows}
+                           .group_by(Evaluation.suite, Evaluation.definition_hash))
+    counts: dict[str, int] = {}
+    for suite, definition_hash, count in rows:
+        if current_definitions is None or current_definitions.get(suite) == definition_hash:
+            counts[suite] = counts.get(suite, 0) + count
+    return counts
 
 
 @dataclass(frozen=True, slots=True)

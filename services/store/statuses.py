@@ -66,3 +66,14 @@ class PolicyProtocol(enum.StrEnum):
     EVALFORGE = "evalforge"  # ours: metadata with the checkpoint's sha256, dims, tasks, cameras
     OPENPI = "openpi"  # openpi's WebsocketPolicyServer: free-form metadata, bare observation dicts
     VLA_EVAL = "vla-eval"  # allenai's vla-eval model servers: hello, episode_start/observation/episode_end
+
+
+def inference_label(inference: dict | None) -> str:
+    """``whole chunk``, ``horizon 1`` or ``ensemble m=0.01``: how an evaluation's inference settings
+    (``services/protocol/ensemble.py`` applies them) are named in the API, the CLI, the pages and
+    comparisons. Here because it is stdlib only and both the store and the API's schemas read it."""
+    inference = inference or {}
+    if inference.get("temporal_ensemble") is not None:
+        return f"ensemble m={inference['temporal_ensemble']:g}"
+    horizon = inference.get("action_horizon")
+    return "whole chunk" if horizon is None else f"horizon {horizon}"

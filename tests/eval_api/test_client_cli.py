@@ -379,7 +379,9 @@ def test_json_output_is_the_apis_json(env, capsys):
 def _long_board() -> schemas.LeaderboardOut:
     policy = {"id": 1, "name": "reach-behaviour-cloning-from-scripted-demonstrations", "version":
               "episodes-200-seed-7-lr-3e-4", "checkpoint_sha256": "ab" * 32}
-    return schemas.LeaderboardOut.model_validate({"suite": "metaworld-mt1-reach", "include_nonstandard": True, "entries": [
+    return schemas.LeaderboardOut.model_validate({"suite": "metaworld-mt1-reach", "include_nonstandard": True,
+                                                  "definition_hash": "cd" * 32, "current_definition": True,
+                                                  "entries": [
         {"rank": 1, "policy": policy, "evaluation_id": 12, "success_rate": 0.75,
          "ci95": {"low": 0.531, "high": 0.888}, "episodes": 20, "finished_at": "2026-12-01T19:55:00Z"}]})
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from services.eval_api.deps import Credentials, SessionDep, SettingsDep, require_read_access
 from services.eval_api.errors import ApiError
 from services.eval_api.pages import plots, reads, tables
-from services.eval_api.planning import suites_by_name
+from services.eval_api.planning import current_definitions, suites_by_name
 from services.eval_api.schemas import MAX_ID, InferenceSettings
 from services.eval_api.settings import ApiSettings
 from services.store import comparisons, queries
@@ -78,7 +78,10 @@ def leaderboard_page(session: SessionDep, settings: SettingsDep, credentials: Cr
     if (refusal := _refused(session, settings, credentials)) is not None:
         return refusal
     catalogue = suites_by_name()
-    counts = queries.ranked_policy_counts(session, include_nonstandard=include_nonstandard)
+    # Only each suite's current definition is ranked (older versions: GET /leaderboard?definition=HASH).
+    definitions = current_definitions()
+    counts = queries.ranked_policy_counts(session, include_nonstandard=include_nonstandard,
+                                          current_definitions=definitions)
     ranked = sorted((name, count) for name, count in counts.items() if name in catalogue)
     unranked = sorted(name for name in catalogue if name not in counts)
     suite = suite or None  # `?suite=` is no suite
@@ -88,7 +91,8 @@ def leaderboard_page(session: SessionDep, settings: SettingsDep, credentials: Cr
         return _message(404, "Unknown suite", f"There is no suite named {suite!r}.",
                         "The leaderboard page lists every suite; GET /suites lists them as JSON.")
     entries = (queries.leaderboard(session, suite, include_nonstandard=include_nonstandard,
-                                   limit=LEADERBOARD_LIMIT + 1) if suite else [])
+                                   definition_hash=definitions[suite], limit=LEADERBOARD_LIMIT + 1)
+               if suite else [])
     shown = entries[:LEADERBOARD_LIMIT]
     return render("leaderboard.html", suite=catalogue.get(suite) if suite else None, ranked_suites=ranked,
                   unranked_suites=unranked, entries=shown, first_rows=LEADERBOARD_FIRST_ROWS,
