@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.rendering import RenderingUnavailable, import_triton_before_mesa, no_context_advice
+from benchmarks.rendering import offscreen_renderer
 from benchmarks.suite import (
     CameraSpec,
     EpisodeEnv,
@@ -229,17 +229,7 @@ class MetaWorldEnv(EpisodeEnv):
     def _renderer(self, height: int, width: int) -> Any:
         renderer = self._renderers.get((height, width))
         if renderer is None:
-            import_triton_before_mesa()
-            import mujoco
-
-            model = self._env.model
-            # The offscreen buffer must hold the frame; it is allocated once, with the context.
-            model.vis.global_.offwidth = max(model.vis.global_.offwidth, width)
-            model.vis.global_.offheight = max(model.vis.global_.offheight, height)
-            try:
-                renderer = mujoco.Renderer(model, height=height, width=width)
-            except Exception as exc:  # what each backend raises without a display or a GL library varies
-                raise RenderingUnavailable(f"{self.suite.name}/{self.task}: {no_context_advice(exc)}") from exc
+            renderer = offscreen_renderer(self._env.model, height, width, f"{self.suite.name}/{self.task}")
             self._renderers[(height, width)] = renderer
         return renderer
 

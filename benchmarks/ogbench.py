@@ -79,7 +79,7 @@ import numpy as np
 
 # benchmarks.rendering chooses MuJoCo's headless OpenGL backend at import (before MuJoCo
 # loads) and holds the renderer-failure advice; OGBench renders through the same MuJoCo.
-from benchmarks.rendering import RenderingUnavailable, import_triton_before_mesa, no_context_advice
+from benchmarks.rendering import import_triton_before_mesa, offscreen_renderer
 from benchmarks.suite import (
     CameraSpec,
     EpisodeEnv,
@@ -249,19 +249,10 @@ class OGBenchEnv(EpisodeEnv):
     def _renderer(self, height: int, width: int) -> Any:
         renderer = self._renderers.get((height, width))
         if renderer is None:
-            import_triton_before_mesa()
-            import mujoco
-
-            model = self._env.model
             if not self._pixel_colours_applied:
                 _apply_pixel_colours(self._env)
                 self._pixel_colours_applied = True
-            model.vis.global_.offwidth = max(model.vis.global_.offwidth, width)
-            model.vis.global_.offheight = max(model.vis.global_.offheight, height)
-            try:
-                renderer = mujoco.Renderer(model, height=height, width=width)
-            except Exception as exc:  # what each backend raises without a display or a GL library varies
-                raise RenderingUnavailable(f"{self.suite.name}/{self.task}: {no_context_advice(exc)}") from exc
+            renderer = offscreen_renderer(self._env.model, height, width, f"{self.suite.name}/{self.task}")
             self._renderers[(height, width)] = renderer
         return renderer
 

@@ -19,7 +19,9 @@ as dm_control that load it at import.
 
 **No context.** ``RenderingUnavailable`` is what rendering raises when no OpenGL context
 can be made; ``no_context_advice(exc)`` says which backend MuJoCo really bound and what to
-install or set.
+install or set. ``offscreen_renderer(model, height, width, where)`` makes a
+``mujoco.Renderer`` with all of the above (MetaWorld and OGBench use it; LIBERO and ALOHA
+render through robosuite's and dm_control's own renderers).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import ctypes.util
 import importlib.util
 import os
 import sys
+from typing import Any
 
 
 class RenderingUnavailable(RuntimeError):
@@ -71,3 +74,18 @@ def no_context_advice(exc: Exception) -> str:
     return (f"MuJoCo cannot make an offscreen OpenGL context with its {backend} backend "
             f"({type(exc).__name__}: {exc}); {late}install Mesa's EGL (libegl1) or OSMesa (libosmesa6) and start "
             "the process with MUJOCO_GL=egl or MUJOCO_GL=osmesa in its environment (MuJoCo reads it once, at import)")
+
+
+def offscreen_renderer(model: Any, height: int, width: int, where: str) -> Any:
+    """A ``mujoco.Renderer`` for ``model`` at ``height`` × ``width``, its offscreen buffer grown to hold the
+    frame (it is allocated once, with the context); ``RenderingUnavailable`` naming ``where`` and the fix
+    when no context can be made."""
+    import_triton_before_mesa()
+    import mujoco
+
+    model.vis.global_.offwidth = max(model.vis.global_.offwidth, width)
+    model.vis.global_.offheight = max(model.vis.global_.offheight, height)
+    try:
+        return mujoco.Renderer(model, height=height, width=width)
+    except Exception as exc:  # what each backend raises without a display or a GL library varies
+        raise RenderingUnavailable(f"{where}: {no_context_advice(exc)}") from exc
