@@ -88,10 +88,15 @@ def status_counts(episodes: Iterable[EpisodeResult]) -> dict[str, int]:
     return {status.value: counts.get(status.value, 0) for status in EpisodeStatus}
 
 
+def is_scored(status: str, failure_reason: str | None) -> bool:
+    """Whether an episode counts toward a success rate (see the module docstring): it succeeded or
+    failed, and not for a harness failure. The comparisons pair on this same rule."""
+    return status in (EpisodeStatus.SUCCEEDED, EpisodeStatus.FAILED) and failure_reason not in _HARNESS
+
+
 def summarize_group(episodes: Sequence[EpisodeResult]) -> dict[str, Any]:
     """Success rate (Wilson 95%), mean steps, latency p50/p95 and failure reasons of some episodes."""
-    scored = [e for e in episodes
-              if e.status in (EpisodeStatus.SUCCEEDED, EpisodeStatus.FAILED) and e.failure_reason not in _HARNESS]
+    scored = [e for e in episodes if is_scored(e.status, e.failure_reason)]
     succeeded = sum(1 for e in scored if e.status == EpisodeStatus.SUCCEEDED)
     interval = wilson_interval(succeeded, len(scored))
     steps = [e.steps for e in scored if e.steps is not None]

@@ -33,6 +33,7 @@ from typing import Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from services.store.aggregates import is_scored
 from services.store.models import Episode, EpisodeStatus, Evaluation
 from services.store.provenance import protocol_differences
 from services.store.queries import NotFound, StoreError, get_evaluation
@@ -72,8 +73,7 @@ class EpisodeOutcome:
     @property
     def scored(self) -> bool:
         """Counts toward a success rate: ``aggregates``' rule (succeeded or failed, not a harness failure)."""
-        return (self.status in (EpisodeStatus.SUCCEEDED.value, EpisodeStatus.FAILED.value)
-                and self.failure_reason not in _HARNESS)
+        return is_scored(self.status, self.failure_reason)
 
     @property
     def succeeded(self) -> bool:

@@ -1,6 +1,6 @@
 """SVG plots for the HTML pages, drawn by hand on the server: no matplotlib, no JavaScript.
 
-Four kinds, each a function that returns inline ``<svg>`` markup (``Markup``, safe to
+Five kinds, each a function that returns inline ``<svg>`` markup (``Markup``, safe to
 put in a Jinja template as is; every label is escaped here):
 
 - ``interval_bar``: one success rate as a bar with its 95% interval as whiskers, on a
@@ -11,7 +11,9 @@ put in a Jinja template as is; every label is escaped here):
 - ``histogram``: counts of values in equal-width bins with "nice" edges, with
   optional vertical markers (policy latency with its p50/p95);
 - ``line_chart``: one line per series over time, with points and a shaded interval
-  band (a policy's success rate per suite).
+  band (a policy's success rate per suite);
+- ``difference_chart``: signed differences with their 95% intervals around a zero line
+  (per-task candidate − baseline on the comparison page).
 
 SVG elements carry classes the tests and the stylesheet use: ``bar``, ``whisker``,
 ``hist-bar``, ``series``, ``point``, ``band``, ``marker``. Every chart has
