@@ -33,6 +33,7 @@ from services.eval_api.schemas import (
     EvaluationDetail,
     EvaluationOut,
     Interval,
+    LeaderboardEntryOut,
     LeaderboardOut,
     PolicySummary,
     Results,
@@ -173,29 +174,43 @@ def print_results(report: EvaluationDetail, console: Console) -> None:
 
 
 def print_leaderboard(board: LeaderboardOut, console: Console) -> None:
-    """A suite's leaderboard: rank, policy, success rate with its 95% interval, episodes, date."""
+    """A suite's leaderboard: rank, policy, pooled success rate with its 95% interval, episodes, the
+    evaluations pooled, date, and the difference from the entry above (``≈``: not significant)."""
     scope = " (all evaluations, incl. task subsets)" if board.include_nonstandard else ""
     if not board.entries:
         console.print(f"no finished evaluations of every task on {board.suite} yet{scope}; submit one with "
                       f"`evalforge eval submit --suite {board.suite} …`", highlight=False, soft_wrap=True)
         return
-    table = Table(title=f"leaderboard · {board.suite}{scope}", title_justify="left")
+    table = Table(title=f"leaderboard · {board.suite}{scope}", title_justify="left",
+                  caption="vs above: difference from the entry above, 95% interval; ≈ not significantly different",
+                  caption_justify="left")
     table.add_column("rank", justify="right")
     table.add_column("policy")
     table.add_column("version")
-    for column in ("success", "95% CI", "episodes", "evaluation"):
+    for column in ("success", "95% CI", "episodes", "evaluations"):
         table.add_column(column, justify="right")
     table.add_column("finished (UTC)")
+    table.add_column("vs above")
     marked = any(not entry.inference.is_default for entry in board.entries)
     if marked:  # only boards with non-standard runs (include_nonstandard) have evaluations to mark
         table.add_column("inference")
     for entry in board.entries:
         cells = [str(entry.rank), entry.policy.name, entry.policy.version, percent(entry.success_rate),
-                 interval(entry.ci95), str(entry.episodes), str(entry.evaluation_id), _when(entry.finished_at)]
+                 interval(entry.ci95), str(entry.episodes), ",".join(str(i) for i in entry.evaluation_ids),
+                 _when(entry.finished_at), _versus_above(entry)]
         if marked:
             cells.append("" if entry.inference.is_default else entry.inference.label)
         table.add_row(*cells)
     print_table(console, table)
+
+
+def _versus_above(entry: LeaderboardEntryOut) -> str:
+    """``≈ -1.2 [-6.0, 3.1] paired`` (not significant) or ``-12.0 [-18.2, -5.9] unpaired``; empty for the first."""
+    above = entry.difference_from_above
+    if above is None:
+        return ""
+    mark = "≈ " if entry.not_different_from_above else ""
+    return f"{mark}{100 * above.difference:+.1f} {interval(above.ci95)} {above.method}"
 
 
 def print_policies(policies: Iterable[PolicySummary], console: Console) -> None:

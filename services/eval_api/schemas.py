@@ -454,16 +454,32 @@ class Page(BaseModel, Generic[ItemT]):
 # ---------------------------------------------------------------------------- leaderboard, suites, health
 
 
+class DifferenceFromAbove(BaseModel):
+    difference: float = Field(description="This entry's success rate less the one ranked above it.")
+    ci95: Interval = Field(description="95% interval of the difference (Newcombe's method 10).")
+    method: Literal["paired", "unpaired"] = Field(description=(
+        "`paired`: on the (task, seed) episodes both entries scored (they share seeds); `unpaired`: the "
+        "whole pools as independent samples (they share none)."))
+    pairs: int | None = Field(default=None, description="The (task, seed) pairs compared (paired only).")
+    p_value: float | None = Field(default=None, description="Exact McNemar p-value (paired only).")
+
+
 class LeaderboardEntryOut(BaseModel):
     rank: int
     policy: PolicyRef
-    evaluation_id: int
+    evaluation_id: int = Field(description="The latest of `evaluation_ids` (the one to open for details).")
+    evaluation_ids: list[int] = Field(description=(
+        "The comparable evaluations whose scored episodes are pooled in this entry, oldest first."))
     inference: InferenceSettings = Field(default_factory=InferenceSettings, description=(
-        "The evaluation's inference settings; entries with other than the defaults are marked."))
-    success_rate: float
-    ci95: Interval
-    episodes: int = Field(description="Scored episodes behind the success rate.")
-    finished_at: datetime
+        "The evaluations' inference settings (each setting is its own entry); other than the defaults are marked."))
+    success_rate: float = Field(description="Pooled successes / pooled scored episodes.")
+    ci95: Interval = Field(description="Wilson 95% interval of the pooled counts.")
+    episodes: int = Field(description="Scored episodes behind the success rate, pooled.")
+    successes: int
+    finished_at: datetime = Field(description="When the latest contributing evaluation finished.")
+    not_different_from_above: bool = Field(description=(
+        "The 95% interval of the difference from the entry ranked above contains 0 (false for the first)."))
+    difference_from_above: DifferenceFromAbove | None = Field(default=None, description="None for the first entry.")
 
 
 class LeaderboardOut(BaseModel):

@@ -28,7 +28,8 @@ evaluation and its episodes locks the evaluation first (``claim_episode``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -51,10 +52,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from services.store.aggregates import EpisodeResult, summarize
+from services.store.aggregates import EpisodeResult, is_scored, summarize, wilson_interval
 from services.store.models import (
     Episode,
     EpisodeStatus,
@@ -66,6 +68,11 @@ from services.store.models import (
     UtcDateTime,
     Worker,
     utcnow,
+)
+from services.store.statistics import (
+    mcnemar_exact,
+    newcombe_paired_interval,
+    newcombe_unpaired_interval,
 )
 
 _LIVE = (EpisodeStatus.PENDING.value, EpisodeStatus.RUNNING.value)
@@ -323,6 +330,34 @@ def list_episodes(session: Session, evaluation_id: int, *, after_index: int | No
     if status is not None:
         query = query.where(Episode.status == status)
     return list(session.scalars(query))
+
+
+def iter_episodes(session: Session, evaluation_id: int, *, status: str | None = None,
+                  batch: int = 1000) -> Iterator[list[Row[Any]]]:
+    """Every episode of an evaluation (optionally only those with ``status``), in index order,
+    ``batch`` rows at a time: what an export streams, never holding them all.
+
+    Keyset pagination on ``(evaluation_id, episode_index)`` (the unique index), so each batch
+    costs the same at any depth. Rows are plain column rows (every column of ``episodes``), not
+    ORM objects, and each batch's read transaction ends before it is yielded: a slow reader of
+    a million episodes holds no connection while it reads.
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
+    query = (select(*Episode.__table__.columns).where(Episode.evaluation_id == evaluation_id)
+             .order_by(Episode.episode_index).limit(batch))
+    if status is not None:
+        query = query.where(Episode.status == status)
+    after_index = -1
+    while True:
+        rows = list(session.execute(query.where(Episode.episode_index > after_index)))
+        session.rollback()
+        if not rows:
+            return
+        yield rows
+        if len(rows) < batch:
+            return
+        after_index = rows[-1].episode_index
 
 
 def cancel_evaluation(session: Session, evaluation_id: int, *, by_key_id: int | None = None) -> Evaluation:
@@ -605,51 +640,156 @@ def ranked_policy_counts(session: Session, *, include_nonstandard: bool = False,
 
 
 @dataclass(frozen=True, slots=True)
+class NeighbourDifference:
+    """An entry's success rate less the one ranked above it, with its 95% interval.
+
+    ``method``: ``paired`` (Newcombe's method 10 for paired data on the (task, seed) pairs both
+    pools scored, and the exact McNemar ``p_value``) when the two share such pairs, else
+    ``unpaired`` (Newcombe's method 10 for independent samples on the whole pools; no p-value).
+    ``pairs``: the pairs compared (paired), or None."""
+
+    difference: float
+    ci_low: float
+    ci_high: float
+    method: str
+    pairs: int | None = None
+    p_value: float | None = None
+
+    @property
+    def significant(self) -> bool:
+        """Whether the 95% interval of the difference excludes 0."""
+        return self.ci_high < 0 or self.ci_low > 0
+
+
+@dataclass(frozen=True, slots=True)
 class LeaderboardEntry:
+    """One policy (under one set of inference settings) on a suite's board: its comparable evaluations pooled.
+
+    ``evaluation_ids``: the evaluations whose scored episodes were pooled, oldest first;
+    ``episodes``/``successes``: the pooled counts; ``ci_low``/``ci_high``: their Wilson 95%
+    interval. ``versus_above``: the difference from the entry ranked above (None for the first)."""
+
     rank: int
     policy: Policy
-    evaluation_id: int
+    evaluation_ids: list[int]
     success_rate: float
     ci_low: float
     ci_high: float
     episodes: int
-    finished_at: datetime
+    successes: int
+    finished_at: datetime  # when its latest contributing evaluation finished
     inference: dict[str, Any] | None = None
+    versus_above: NeighbourDifference | None = None
+
+    @property
+    def not_different_from_above(self) -> bool:
+        """The 95% interval of the difference from the entry above contains 0 (False for the first)."""
+        return self.versus_above is not None and not self.versus_above.significant
 
 
 def leaderboard(session: Session, suite: str, *, definition_hash: str | None = None,
                 include_nonstandard: bool = False, limit: int = 100) -> list[LeaderboardEntry]:
-    """Each policy's best finished evaluation on ``suite``, best first.
+    """Each policy's comparable finished evaluations on ``suite`` pooled, best pooled success rate first.
 
     ``definition_hash``: one version of the suite (``Suite.definition_hash()``), the only
     evaluations that are comparable with each other; callers pass the suite's current one
     unless a reader asks for an older version. Evaluations made before definitions were
     recorded (NULL) are on no version. ``None`` ranks across every definition.
 
-    Best: highest success rate; ties go to the tighter evidence (higher Wilson lower
-    bound, i.e. more episodes), then to the earlier result. Who competes is
-    ``leaderboard_eligibility``: only ``standard`` evaluations (every task, standard
-    step limits) unless ``include_nonstandard`` — otherwise a one-task run would
-    outrank a full one.
+    Pooled (docs/statistics.md, "Leaderboard"): a policy's entry sums the scored and succeeded
+    episodes of all its eligible evaluations (``leaderboard_eligibility``) that share inference
+    settings — a policy run with other settings is another entry, marked by its ``inference``.
+    Rate: pooled successes / pooled scored, with the Wilson 95% interval of those counts. Ties go
+    to more episodes (the higher Wilson lower bound), then to the earlier latest result.
+    Each entry after the first carries ``versus_above`` (``NeighbourDifference``).
     """
     conditions = [Evaluation.suite == suite, *leaderboard_eligibility(include_nonstandard=include_nonstandard)]
     if definition_hash is not None:
         conditions.append(Evaluation.definition_hash == definition_hash)
-    order = (Evaluation.success_rate.desc(), Evaluation.success_ci_low.desc(), Evaluation.finished_at.asc(),
-             Evaluation.id.asc())
-    ranked = (select(Evaluation.id.label("evaluation_id"),
-                     func.row_number().over(partition_by=Evaluation.policy_id, order_by=order).label("rn"))
-              .where(*conditions).subquery())
-    query = (select(Policy, Evaluation.id, Evaluation.success_rate, Evaluation.success_ci_low,
-                    Evaluation.success_ci_high, Evaluation.episodes_scored, Evaluation.finished_at,
-                    Evaluation.inference)
-             .select_from(Evaluation)
-             .join(ranked, and_(ranked.c.evaluation_id == Evaluation.id, ranked.c.rn == 1))
-             .join(Policy, Policy.id == Evaluation.policy_id)
-             .order_by(*order).limit(limit))
-    return [LeaderboardEntry(rank=rank, policy=row[0], evaluation_id=row[1], success_rate=row[2], ci_low=row[3],
-                             ci_high=row[4], episodes=row[5], finished_at=row[6], inference=row[7])
-            for rank, row in enumerate(session.execute(query), start=1)]
+    scored = func.sum(Evaluation.episodes_scored)
+    succeeded = func.sum(Evaluation.episodes_succeeded)
+    latest = func.max(Evaluation.finished_at)
+    rate = succeeded * 1.0 / scored
+    # One GROUP BY over the evaluations' stored counts (episodes_scored / episodes_succeeded are the
+    # scored episodes' counts, written at finalisation): no episode row is read to rank.
+    pools = session.execute(
+        select(Evaluation.policy_id, Evaluation.inference, scored, succeeded, latest)
+        .where(*conditions).group_by(Evaluation.policy_id, Evaluation.inference)
+        .order_by(rate.desc(), scored.desc(), latest.asc(), Evaluation.policy_id.asc()).limit(limit)).all()
+    if not pools:
+        return []
+    policy_ids = sorted({row[0] for row in pools})
+    policies = {p.id: p for p in session.scalars(select(Policy).where(Policy.id.in_(policy_ids)))}
+    contributors: dict[tuple[int, str], list[int]] = {}
+    for evaluation_id, policy_id, inference in session.execute(
+            select(Evaluation.id, Evaluation.policy_id, Evaluation.inference)
+            .where(*conditions, Evaluation.policy_id.in_(policy_ids)).order_by(Evaluation.id)):
+        contributors.setdefault((policy_id, _inference_key(inference)), []).append(evaluation_id)
+    entries: list[LeaderboardEntry] = []
+    above_outcomes: dict[tuple[str, int], list[bool]] | None = None
+    for rank, (policy_id, inference, pooled_scored, pooled_succeeded, finished_at) in enumerate(pools, start=1):
+        evaluation_ids = contributors[(policy_id, _inference_key(inference))]
+        outcomes = _scored_outcomes(session, evaluation_ids)
+        versus_above = None
+        if above_outcomes is not None:
+            above = entries[-1]
+            versus_above = _neighbour_difference(above_outcomes, above.successes, above.episodes,
+                                                 outcomes, int(pooled_succeeded), int(pooled_scored))
+        ci_low, ci_high = wilson_interval(int(pooled_succeeded), int(pooled_scored))  # type: ignore[misc]
+        entries.append(LeaderboardEntry(
+            rank=rank, policy=policies[policy_id], evaluation_ids=evaluation_ids,
+            success_rate=int(pooled_succeeded) / int(pooled_scored), ci_low=ci_low, ci_high=ci_high,
+            episodes=int(pooled_scored), successes=int(pooled_succeeded), finished_at=finished_at,
+            inference=inference or None, versus_above=versus_above))
+        above_outcomes = outcomes
+    return entries
+
+
+def _inference_key(inference: Mapping[str, Any] | None) -> str:
+    """Inference settings as a canonical string, to match an evaluation to its pool (None and {}: the defaults)."""
+    return json.dumps(dict(inference or {}), sort_keys=True)
+
+
+def _scored_outcomes(session: Session, evaluation_ids: Sequence[int]) -> dict[tuple[str, int], list[bool]]:
+    """(task, seed) → success of each scored episode (``aggregates.is_scored``) of the evaluations, in
+    evaluation then episode order (a seed run twice has two)."""
+    outcomes: dict[tuple[str, int], list[bool]] = {}
+    rows = session.execute(
+        select(Episode.task, Episode.seed, Episode.status, Episode.failure_reason)
+        .where(Episode.evaluation_id.in_(evaluation_ids),
+               Episode.status.in_((EpisodeStatus.SUCCEEDED.value, EpisodeStatus.FAILED.value)))
+        .order_by(Episode.evaluation_id, Episode.episode_index))
+    for task, seed, status, failure_reason in rows:
+        if is_scored(status, failure_reason):
+            outcomes.setdefault((task, seed), []).append(status == EpisodeStatus.SUCCEEDED.value)
+    return outcomes
+
+
+def _neighbour_difference(above: Mapping[tuple[str, int], list[bool]], above_successes: int, above_scored: int,
+                          below: Mapping[tuple[str, int], list[bool]], below_successes: int,
+                          below_scored: int) -> NeighbourDifference:
+    """The lower entry less the upper one: paired on the (task, seed) pairs both scored (a seed scored
+    k times on one side and m on the other makes min(k, m) pairs, in evaluation order), else unpaired."""
+    a = b = c = d = 0  # baseline: the entry above; candidate: this one (statistics' orientation)
+    for key in above.keys() & below.keys():
+        for upper, lower in zip(above[key], below[key], strict=False):
+            if upper and lower:
+                a += 1
+            elif upper:
+                b += 1
+            elif lower:
+                c += 1
+            else:
+                d += 1
+    pairs = a + b + c + d
+    if pairs:
+        low, high = newcombe_paired_interval(a, b, c, d)  # type: ignore[misc]  # pairs > 0
+        return NeighbourDifference(difference=(c - b) / pairs, ci_low=low, ci_high=high, method="paired",
+                                   pairs=pairs, p_value=mcnemar_exact(b, c))
+    low, high = newcombe_unpaired_interval(below_successes, below_scored,  # type: ignore[misc]  # both > 0
+                                           above_successes, above_scored)
+    return NeighbourDifference(difference=below_successes / below_scored - above_successes / above_scored,
+                               ci_low=low, ci_high=high, method="unpaired")
 
 
 def has_definition(session: Session, suite: str, definition_hash: str) -> bool:

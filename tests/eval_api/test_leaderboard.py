@@ -1,4 +1,4 @@
-"""``GET /leaderboard``: each policy's best finished evaluation on a suite, ranked."""
+"""``GET /leaderboard``: each policy's comparable finished evaluations on a suite pooled, ranked."""
 
 from __future__ import annotations
 
@@ -16,28 +16,36 @@ def finished(api, policy_id: int, successes_per_task: int, per_task: int = 4, **
     return evaluation["id"]
 
 
-def test_leaderboard_ranks_policies_by_their_best_evaluation(api):
+def test_leaderboard_ranks_policies_on_their_pooled_evaluations(api):
     a = api.register_policy("alpha", "ws://a.test/ws")
     b = api.register_policy("beta", "ws://b.test/ws")
     c = api.register_policy("gamma", "ws://c.test/ws")
-    finished(api, a["id"], 1)  # 25%
-    a_best = finished(api, a["id"], 3)  # 75%
+    a_worse = finished(api, a["id"], 1)  # 25%
+    a_better = finished(api, a["id"], 3)  # 75%: pooled with the 25%, alpha is at 50% of 80
     b_best = finished(api, b["id"], 4)  # 100% of 40
     finished(api, c["id"], 4, tasks=["reach-v3"])  # 100%, but one task only: not standard
-    c_std = finished(api, c["id"], 2)  # 50%
+    c_std = finished(api, c["id"], 3)  # 75% of 40
     api.submit(b["id"], episodes_per_task=4)  # still pending: not ranked
 
     board = api.client.get("/leaderboard", params={"suite": "metaworld-mt10"}).json()
     assert board["suite"] == "metaworld-mt10" and board["include_nonstandard"] is False
-    ranked = [(e["rank"], e["policy"]["name"], e["evaluation_id"]) for e in board["entries"]]
-    assert ranked == [(1, "beta", b_best), (2, "alpha", a_best), (3, "gamma", c_std)]
-    top = board["entries"][0]
+    ranked = [(e["rank"], e["policy"]["name"], e["evaluation_ids"]) for e in board["entries"]]
+    assert ranked == [(1, "beta", [b_best]), (2, "gamma", [c_std]), (3, "alpha", [a_worse, a_better])]
+    top, second, third = board["entries"]
     assert top["success_rate"] == 1.0 and top["episodes"] == 4 * len(MT10_TASKS)
     assert top["ci95"]["high"] == 1.0 and top["ci95"]["low"] == pytest.approx(0.9124, abs=1e-4)
     assert top["policy"]["checkpoint_sha256"] == "ab" * 32 and top["finished_at"]
+    assert top["not_different_from_above"] is False and top["difference_from_above"] is None
+    assert third["success_rate"] == 0.5 and third["episodes"] == 80 and third["successes"] == 40
+    # Every evaluation runs the same seeds: neighbours are compared on paired (task, seed) episodes.
+    assert second["difference_from_above"]["method"] == "paired" and second["difference_from_above"]["pairs"] == 40
+    assert second["difference_from_above"]["difference"] == pytest.approx(-0.25)
+    assert second["not_different_from_above"] is False  # 10 discordant pairs, all one way: p = 0.002
+    assert third["difference_from_above"]["pairs"] == 40  # alpha's two runs of each seed pair once with gamma's
 
     everything = api.client.get("/leaderboard", params={"suite": "metaworld-mt10", "include_nonstandard": True})
     assert [e["policy"]["name"] for e in everything.json()["entries"]] == ["beta", "gamma", "alpha"]
+    assert everything.json()["entries"][1]["episodes"] == 44  # gamma's subset run pooled with its full one
     assert len(api.client.get("/leaderboard", params={"suite": "metaworld-mt10", "limit": 1}).json()["entries"]) == 1
     assert api.client.get("/leaderboard", params={"suite": "pusht"}).json()["entries"] == []
 

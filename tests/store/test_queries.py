@@ -219,7 +219,7 @@ def test_list_episodes_pages_in_index_order(session):
         [created.episode_ids[0]]
 
 
-def test_leaderboard_ranks_best_finished_evaluation_per_policy(session):
+def test_leaderboard_pools_each_policys_finished_standard_evaluations(session):
     def finished(policy, successes: int, per_task: int = 5, **kwargs):
         created = add_evaluation(session, policy, per_task=per_task, **kwargs)
         run_all(session, created.episode_ids, successes=set(created.episode_ids[:successes]))
@@ -228,22 +228,22 @@ def test_leaderboard_ranks_best_finished_evaluation_per_policy(session):
 
     a, b, c, d = (add_policy(session, name) for name in "abcd")
     a_worse = finished(a, 4)  # 40%
-    a_best = finished(a, 8)  # 80%: a's best
+    a_better = finished(a, 8)  # 80%: pooled with the 40%, a is at 12 of 20
     b_best = finished(b, 9)  # 90%
     c_small = finished(c, 2, per_task=1)  # 100% of 2 episodes
-    c_big = finished(c, 10)  # 100% of 10: same rate, higher Wilson lower bound → c's best
+    c_big = finished(c, 10)  # 100% of 10: pooled, 12 of 12
     finished(d, 10, tasks=("reach-v3",), per_task=10, standard=False)  # a subset: not standard
     add_evaluation(session, d, per_task=50)  # unfinished: never ranked
     finished(a, 10, suite="metaworld-mt50")  # another suite
 
     board = queries.leaderboard(session, "metaworld-mt10")
-    assert [(e.rank, e.policy.name, e.evaluation_id) for e in board] == \
-        [(1, "c", c_big), (2, "b", b_best), (3, "a", a_best)]
-    assert board[0].episodes == 10 and board[0].success_rate == 1.0
-    assert (board[2].ci_low, board[2].ci_high) == pytest.approx(wilson_interval(8, 10))
-    assert a_worse not in {e.evaluation_id for e in board} and c_small not in {e.evaluation_id for e in board}
+    assert [(e.rank, e.policy.name, e.evaluation_ids) for e in board] == \
+        [(1, "c", [c_small, c_big]), (2, "b", [b_best]), (3, "a", [a_worse, a_better])]
+    assert (board[0].episodes, board[0].successes, board[0].success_rate) == (12, 12, 1.0)
+    assert (board[2].episodes, board[2].successes) == (20, 12)
+    assert (board[2].ci_low, board[2].ci_high) == pytest.approx(wilson_interval(12, 20))
     with_subsets = queries.leaderboard(session, "metaworld-mt10", include_nonstandard=True)
-    assert [e.policy.name for e in with_subsets] == ["c", "d", "b", "a"]  # d: 100% of 10, finished later
+    assert [e.policy.name for e in with_subsets] == ["c", "d", "b", "a"]  # d: 100% of 10, fewer than c's 12
     assert queries.leaderboard(session, "metaworld-mt10", limit=1)[0].policy.name == "c"
     assert queries.leaderboard(session, "pusht") == []
 

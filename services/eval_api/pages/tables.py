@@ -51,11 +51,24 @@ def _inference_badge(inference: dict | None) -> str:
     return f' <span class="badge" title="inference settings other than the defaults">{label}</span>'
 
 
+def _versus_above(entry: LeaderboardEntry) -> str:
+    """The difference-from-above cell: a "≈" mark when not significant, the difference and its interval."""
+    above = entry.versus_above
+    if above is None:
+        return "<td></td>"
+    mark = ('<span class="badge" title="not significantly different from the entry above">≈</span> '
+            if entry.not_different_from_above else "")
+    return (f'<td class="versus" data-value="{above.difference}">{mark}{100 * above.difference:+.1f} '
+            f'<span class="ci">[{100 * above.ci_low:.1f}, {100 * above.ci_high:.1f}] {above.method}</span></td>')
+
+
 def leaderboard_rows(entries: Sequence[LeaderboardEntry], ui_root: str) -> Markup:
-    """``<tr>`` per entry: rank, policy, success rate, interval bar and bounds, episodes, date, evaluation."""
+    """``<tr>`` per entry: rank, policy, pooled success rate, interval bar and bounds, episodes, date,
+    difference from the entry above, and the evaluations pooled."""
     rows = []
     for e in entries:
         policy = e.policy
+        evaluations = ", ".join(f'<a href="{ui_root}evaluations/{i}">#{i}</a>' for i in e.evaluation_ids)
         rows.append(
             f'<tr><td class="num">{e.rank}</td>'
             f'<td class="policy"><a href="{ui_root}policies/{policy.id}">{escape(policy.name)}</a> '
@@ -63,9 +76,8 @@ def leaderboard_rows(entries: Sequence[LeaderboardEntry], ui_root: str) -> Marku
             f'<td class="num rate" data-value="{e.success_rate}">{pct(e.success_rate)}</td>'
             f'<td class="interval" data-value="{e.ci_low}">{interval_bar(e.success_rate, e.ci_low, e.ci_high)}'
             f'<span class="ci">{pct(e.ci_low)}–{pct(e.ci_high)}</span></td>'
-            f'<td class="num">{e.episodes}</td><td>{when(e.finished_at)}</td>'
-            f'<td class="num" data-value="{e.evaluation_id}"><a href="{ui_root}evaluations/{e.evaluation_id}">'
-            f"#{e.evaluation_id}</a></td></tr>")
+            f'<td class="num">{e.episodes}</td><td>{when(e.finished_at)}</td>{_versus_above(e)}'
+            f'<td class="num" data-value="{e.evaluation_ids[-1]}">{evaluations}</td></tr>')
     return Markup("".join(rows))
 
 
