@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -264,6 +264,26 @@ class EvalForgeClient:
         """Every episode of an evaluation, in index order."""
         return [EpisodeOut.model_validate(item)
                 for item in self._pages(f"/evaluations/{evaluation_id}/episodes", {})]
+
+    def export_episodes(self, evaluation_id: int, format: str, out: BinaryIO) -> int:
+        """Stream every episode of an evaluation, with its provenance, to the binary file ``out``
+        as ``format`` (``csv`` or ``jsonl``; services/eval_api/exports.py describes the columns),
+        chunk by chunk as the API sends it, never holding it all; returns the bytes written."""
+        path = f"/evaluations/{evaluation_id}/episodes"
+        written = 0
+        try:
+            with self._http.stream("GET", path, params={"format": format}) as response:
+                if response.is_error:
+                    response.read()
+                    raise ApiRequestError.from_response(response)
+                for chunk in response.iter_bytes():
+                    out.write(chunk)
+                    written += len(chunk)
+        except httpx.TimeoutException as exc:
+            raise ApiUnreachable(self.api_url, f"no answer within {self.timeout_s:g} s (GET {path})") from exc
+        except httpx.TransportError as exc:
+            raise ApiUnreachable(self.api_url, str(exc) or type(exc).__name__) from exc
+        return written
 
     def cancel_evaluation(self, evaluation_id: int) -> EvaluationDetail:
         """Cancel: pending episodes are dropped, running ones finish. A finished evaluation is a 409."""

@@ -4,13 +4,20 @@ An evaluation plays every task of a suite (or --task subsets) for
 --episodes-per-task episodes on held-out evaluation seeds; --watch shows its
 progress until it is done, then its per-task results with Wilson 95% intervals.
 ``compare A B`` pairs two evaluations' episodes by task and seed and says whether
-the candidate B differs from the baseline A (docs/statistics.md).
+the candidate B differs from the baseline A (docs/statistics.md); ``rerun ID``
+submits an evaluation's protocol again and, with --watch, compares the two.
+``export ID --format csv|jsonl|parquet`` writes every episode with its provenance
+(services/eval_api/exports.py names the columns).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from services.cli.connection import (
     add_connection_options,
@@ -24,6 +31,9 @@ from services.store.statuses import EvaluationStatus
 if TYPE_CHECKING:
     from services.client import EvalForgeClient
     from services.eval_api.schemas import EvaluationDetail
+
+EXPORT_FORMATS = ("csv", "jsonl", "parquet")
+PARQUET_BATCH_ROWS = 10_000  # rows per parquet row group: one batch in memory, never the whole export
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,7 +88,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                 help="the candidate evaluation's id (same suite, tasks, seeds and settings)")
     compare_parser.set_defaults(action_run=client_verb(compare))
 
-    for action_parser in (submit_parser, status_parser, list_parser, cancel_parser, compare_parser):
+    export_parser = actions.add_parser("export", help="write every episode, with its provenance, to a file")
+    export_parser.add_argument("id", type=positive_int, help="evaluation id")
+    export_parser.add_argument("--format", required=True, choices=EXPORT_FORMATS, help=(
+        "csv and jsonl as the API streams them; parquet written here from the streamed JSONL (needs pyarrow)"))
+    export_parser.add_argument("--out", type=Path, metavar="FILE",
+                               help="where to write it (default: evaluation-ID-episodes.FORMAT here)")
+    export_parser.set_defaults(action_run=client_verb(export))
+
+    rerun_parser = actions.add_parser("rerun", help=(
+        "submit an evaluation's protocol again and compare the two (the reproducibility check)"))
+    rerun_parser.add_argument("id", type=positive_int, help="the evaluation to run again")
+    add_watch_options(rerun_parser)
+    rerun_parser.set_defaults(action_run=client_verb(rerun))
+
+    for action_parser in (submit_parser, status_parser, list_parser, cancel_parser, compare_parser, export_parser,
+                          rerun_parser):
         add_connection_options(action_parser)
         add_json_option(action_parser)
 
@@ -193,3 +218,131 @@ def compare(args: argparse.Namespace, client: EvalForgeClient) -> int:
     else:
         print_comparison(comparison, stdout_console())
     return 0
+
+
+def rerun(args: argparse.Namespace, client: EvalForgeClient) -> int:
+    """Submit the same protocol as evaluation ``args.id`` (policy, suite, tasks, episodes per task,
+    seed, step limit, cameras, inference settings, tags, plus ``rerun-of:ID``); with --watch, wait for
+    it and print its paired comparison with the original."""
+    from services.cli.render import print_comparison, print_json, stdout_console
+
+    original = client.get_evaluation(args.id)
+    tags = [*original.tags, *([] if f"rerun-of:{original.id}" in original.tags else [f"rerun-of:{original.id}"])]
+    report = client.submit_evaluation(
+        original.policy.id, original.suite, original.episodes_per_task, seed=original.seed, tasks=original.tasks,
+        max_steps=original.max_steps, tags=tags,
+        cameras={name: (size[0], size[1]) for name, size in original.cameras.items()},
+        inference=original.inference.model_dump(exclude_none=True))
+    if not args.json:
+        print(f"submitted evaluation {report.id}: a rerun of evaluation {original.id} ({report.policy.label} on "
+              f"{report.suite}, {report.episodes_total} episodes)"
+              + ("" if args.watch else f"; compare them once it is done with `evalforge eval compare "
+                                       f"{original.id} {report.id}`"))
+    if not args.watch:
+        if args.json:
+            print_json(report)
+        return 0
+    _watch(args, client, report.id)
+    comparison = client.compare(original.id, report.id)
+    if args.json:
+        print_json(comparison)
+    else:
+        print_comparison(comparison, stdout_console())
+    return 0
+
+
+def export(args: argparse.Namespace, client: EvalForgeClient) -> int:
+    """Write every episode of evaluation ``args.id`` to ``--out``: CSV or JSONL as the API streams it,
+    parquet converted here from the streamed JSONL, batch by batch. The file appears only once complete."""
+    out: Path = args.out or Path(f"evaluation-{args.id}-episodes.{args.format}")
+    if args.format == "parquet":
+        try:
+            import pyarrow  # noqa: F401 - only to say what is missing before downloading anything
+        except ImportError:
+            print("evalforge eval export: --format parquet needs pyarrow, which is not installed; install it "
+                  "(pip install pyarrow) or export --format csv or jsonl", file=sys.stderr)
+            return 2
+    partial = out.with_name(out.name + ".partial")
+    try:
+        with partial.open("wb") as file:
+            if args.format == "parquet":
+                with ParquetExport(file) as parquet:
+                    client.export_episodes(args.id, "jsonl", parquet)
+                summary = f"{parquet.rows} episodes"
+            else:
+                summary = f"{client.export_episodes(args.id, args.format, file):,} bytes"
+        os.replace(partial, out)
+    except OSError as exc:
+        print(f"evalforge eval export: cannot write {out}: {exc.strerror or exc}; pass --out a path in a writable "
+              "folder", file=sys.stderr)
+        return 1
+    finally:
+        partial.unlink(missing_ok=True)
+    if args.json:
+        print(json.dumps({"evaluation_id": args.id, "format": args.format, "out": str(out)}))
+    else:
+        print(f"wrote evaluation {args.id}'s episodes to {out} ({args.format}, {summary})")
+    return 0
+
+
+class ParquetExport:
+    """A binary file object that takes an export's JSON Lines as they arrive and writes them to a parquet
+    file, ``PARQUET_BATCH_ROWS`` rows per row group, with the column types of ``exports.EXPORT_COLUMNS``
+    (``simulator_versions`` as JSON text, as in CSV; timestamps as UTC timestamps)."""
+
+    def __init__(self, file: Any, batch_rows: int = PARQUET_BATCH_ROWS) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from services.eval_api.exports import EXPORT_COLUMNS, csv_cell
+
+        types = {"int": pa.int64(), "str": pa.string(), "bool": pa.bool_(), "float": pa.float64(),
+                 "json": pa.string(), "timestamp": pa.timestamp("us", tz="UTC")}
+        self._kinds = EXPORT_COLUMNS
+        self._schema = pa.schema([(column, types[kind]) for column, kind in EXPORT_COLUMNS.items()])
+        self._writer = pq.ParquetWriter(file, self._schema)
+        self._table, self._json_text = pa.Table.from_pylist, csv_cell
+        self._batch_rows = batch_rows
+        self._pending = b""
+        self._rows: list[dict[str, Any]] = []
+        self.rows = 0
+
+    def write(self, chunk: bytes) -> int:
+        lines = (self._pending + chunk).split(b"\n")
+        self._pending = lines.pop()
+        self._rows.extend(self._row(json.loads(line)) for line in lines if line)
+        if len(self._rows) >= self._batch_rows:
+            self._flush()
+        return len(chunk)
+
+    def _row(self, record: dict[str, Any]) -> dict[str, Any]:
+        from datetime import datetime
+
+        for column, kind in self._kinds.items():
+            value = record.get(column)
+            if value is not None and kind == "json":
+                record[column] = self._json_text(value)
+            elif value is not None and kind == "timestamp":
+                record[column] = datetime.fromisoformat(value)
+        return record
+
+    def _flush(self) -> None:
+        if self._rows:
+            self._writer.write_table(self._table(self._rows, schema=self._schema))
+            self.rows += len(self._rows)
+            self._rows = []
+
+    def __enter__(self) -> ParquetExport:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_exc: object) -> None:
+        try:
+            if exc_type is None and self._pending.strip():
+                from services.client import ApiRequestError
+
+                raise ApiRequestError(None, "incomplete_export", f"the export ended mid-line ({len(self._pending)} "
+                                      "bytes after the last newline); run `evalforge eval export` again")
+            if exc_type is None:
+                self._flush()
+        finally:
+            self._writer.close()

@@ -1,14 +1,16 @@
-"""``/evaluations``: submit (idempotently), list, read, page through episodes, cancel."""
+"""``/evaluations``: submit (idempotently), list, read, page through or export episodes, cancel."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Response
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session, sessionmaker
 
 from services.eval_api.admission import check_queue_cap
 from services.eval_api.deps import (
@@ -20,6 +22,7 @@ from services.eval_api.deps import (
     WriteKeyDep,
 )
 from services.eval_api.errors import ApiError
+from services.eval_api.exports import ExportFormat, encode_episodes, filename, provenance_columns
 from services.eval_api.metrics import ApiMetrics
 from services.eval_api.pagination import decode_page_cursor, encode_cursor, page_limit
 from services.eval_api.planning import get_suite_entry, plan_evaluation
@@ -169,12 +172,24 @@ def get_evaluation(evaluation_id: EvaluationId, session: SessionDep, settings: S
 
 
 @router.get("/{evaluation_id}/episodes", response_model=Page[EpisodeOut],
-            responses=error_responses(401, 403, 404, 422))
-def list_episodes(evaluation_id: EvaluationId, session: SessionDep, settings: SettingsDep, _read: ReadAccessDep,
-                  status: Annotated[EpisodeStatus | None, Query()] = None,
+            responses={200: {"content": {ExportFormat.CSV.media_type: {}, ExportFormat.JSONL.media_type: {}},
+                             "description": "A page of episodes (JSON), or with `format` all of them, streamed."},
+                       **error_responses(401, 403, 404, 422)})
+def list_episodes(evaluation_id: EvaluationId, request: Request, session: SessionDep, settings: SettingsDep,
+                  _read: ReadAccessDep, status: Annotated[EpisodeStatus | None, Query()] = None,
                   cursor: Annotated[str | None, Query(max_length=200)] = None,
-                  limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> Page[EpisodeOut]:
-    """An evaluation's episodes in index order (optionally only those with `status`)."""
+                  limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
+                  format: Annotated[ExportFormat | None, Query(description=(
+                      "`csv` or `jsonl`: every episode (with `status`, those only), each with its evaluation's "
+                      "provenance, streamed as a download; `cursor` and `limit` do not apply."))] = None,
+                  ) -> Page[EpisodeOut] | StreamingResponse:
+    """An evaluation's episodes in index order (optionally only those with `status`): a page of JSON,
+    or with `format=csv|jsonl` all of them streamed, each row with its evaluation's provenance
+    (services/eval_api/exports.py describes the columns)."""
+    if format is not None:
+        evaluation = _get_or_404(session, evaluation_id)
+        return _export(request.app.state.session_factory, evaluation, format,
+                       status.value if status else None)
     limit = page_limit(limit, settings.max_page_size)
     _get_or_404(session, evaluation_id)
     rows = queries.list_episodes(session, evaluation_id, after_index=decode_page_cursor(cursor, "episode"),
@@ -182,6 +197,22 @@ def list_episodes(evaluation_id: EvaluationId, session: SessionDep, settings: Se
     items = [EpisodeOut.model_validate(row) for row in rows[:limit]]
     next_cursor = encode_cursor("episode", items[-1].episode_index) if len(rows) > limit else None
     return Page(items=items, next_cursor=next_cursor)
+
+
+def _export(session_factory: sessionmaker[Session], evaluation: Evaluation, export_format: ExportFormat,
+            status: str | None) -> StreamingResponse:
+    """The streamed export. It reads with a session of its own: the route's closes before the
+    response is sent (services/eval_api/deps.py), and the stream outlives it."""
+    provenance = provenance_columns(evaluation)
+
+    def batches() -> Iterator[list[Any]]:
+        with session_factory() as session:
+            yield from queries.iter_episodes(session, evaluation.id, status=status)
+
+    return StreamingResponse(encode_episodes(batches(), provenance, export_format),
+                             media_type=export_format.media_type, headers={
+                                 "Content-Disposition":
+                                     f'attachment; filename="{filename(evaluation.id, export_format)}"'})
 
 
 @router.post("/{evaluation_id}/cancel", response_model=EvaluationDetail,
