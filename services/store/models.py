@@ -14,8 +14,8 @@ Indexes and who needs them:
   in index order, and per-evaluation aggregates.
 - ``episodes (status, lease_expires_at)``: the sweeper's "pending too long / lease
   expired" scan.
-- ``evaluations (suite, status, policy_id, success_rate)``: the leaderboard (best
-  finished evaluation per policy in a suite) without touching episodes.
+- ``evaluations (suite, status, policy_id, success_rate)``: the leaderboard (each policy's
+  finished evaluations in a suite, pooled from their stored counts) without touching episodes.
 - ``evaluations (suite, definition_hash)``: one leaderboard version, the evaluations
   made under one definition of a suite (``Suite.definition_hash``).
 - ``evaluations (policy_id, id)``, ``(status, id)``, ``(suite, id)``: filtered

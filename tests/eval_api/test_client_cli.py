@@ -382,7 +382,8 @@ def _long_board() -> schemas.LeaderboardOut:
     return schemas.LeaderboardOut.model_validate({"suite": "metaworld-mt1-reach", "include_nonstandard": True,
                                                   "definition_hash": "cd" * 32, "current_definition": True,
                                                   "entries": [
-        {"rank": 1, "policy": policy, "evaluation_id": 12, "success_rate": 0.75,
+        {"rank": 1, "policy": policy, "evaluation_id": 12, "evaluation_ids": [12], "successes": 15,
+         "not_different_from_above": False, "success_rate": 0.75,
          "ci95": {"low": 0.531, "high": 0.888}, "episodes": 20, "finished_at": "2026-12-01T19:55:00Z"}]})
 
 

@@ -67,7 +67,7 @@ def finish_some(api: Api, evaluation_id: int, count: int | None = None) -> None:
 
 
 def seed(api: Api) -> dict[str, int]:
-    """Three policies ranked on MT10 (100% of 30, 75% of 40, 50% of 20), one also on MT1 reach, with
+    """Three policies ranked on MT10 (100% of 30, 50% of 80 pooled from 25% and 75% of 40, 50% of 20), one also on MT1 reach, with
     finish dates spread over days so the policy page's line has a shape; returns the ids."""
     alpha = api.register_policy("alpha", "ws://alpha.test/ws")["id"]
     beta = api.register_policy("beta", "ws://beta.test/ws")["id"]
@@ -188,11 +188,11 @@ def test_leaderboard_page_ranks_draws_intervals_and_sorts(site, monkeypatch):
     assert tabs == [["metaworld-mt1-reach", "1"], ["metaworld-mt10", "3"]]
 
     assert [name.split()[0] for name in column(page, "leaderboard", 1)] == ["beta", "alpha", "gamma"]
-    assert column(page, "leaderboard", 2) == ["100.0%", "75.0%", "50.0%"]
-    assert column(page, "leaderboard", 4) == ["30", "40", "20"]
-    low, high = wilson_interval(30, 40)
+    assert column(page, "leaderboard", 2) == ["100.0%", "50.0%", "50.0%"]  # alpha's two evaluations pooled
+    assert column(page, "leaderboard", 4) == ["30", "80", "20"]
+    low, high = wilson_interval(40, 80)
     assert f"{pct(low)}–{pct(high)}" in column(page, "leaderboard", 3)[1]
-    # The interval drawn in each row: alpha's bar covers 75% of its 160-px track, the whisker spans the
+    # The interval drawn in each row: alpha's bar covers 50% of its 160-px track, the whisker spans the
     # interval — as the browser computed the layers (left cap, right cap, whisker line, bar).
     assert page.locator("#leaderboard .interval-bar").count() == 3
     width, sizes, positions = page.eval_on_selector(
@@ -201,7 +201,7 @@ def test_leaderboard_page_ranks_draws_intervals_and_sorts(site, monkeypatch):
         "getComputedStyle(s).backgroundPositionX]")
     layers = [layer.split() for layer in sizes.split(", ")]
     lefts = [float(x.removesuffix("px")) for x in positions.split(", ")[:3]]
-    assert width == 160 and float(layers[3][0].removesuffix("px")) == pytest.approx(0.75 * 160, abs=0.1)
+    assert width == 160 and float(layers[3][0].removesuffix("px")) == pytest.approx(0.5 * 160, abs=0.1)
     assert float(layers[2][0].removesuffix("px")) == pytest.approx((high - low) * 160, abs=0.2)
     assert lefts == pytest.approx([low * 160 - 0.75, high * 160 - 0.75, low * 160], abs=0.2)
     assert page.get_attribute("#leaderboard tbody tr:nth-child(1) .policy a", "href") == f"/ui/policies/{ids['beta']}"
@@ -211,10 +211,10 @@ def test_leaderboard_page_ranks_draws_intervals_and_sorts(site, monkeypatch):
 
     # Sorting orders every row, hidden ones too, and keeps as many shown.
     page.click("#leaderboard th:has-text('Episodes')")
-    assert column(page, "leaderboard", 4) == ["20", "30", "40"] and visible_policies(page) == ["gamma", "beta"]
+    assert column(page, "leaderboard", 4) == ["20", "30", "80"] and visible_policies(page) == ["gamma", "beta"]
     assert page.get_attribute("#leaderboard th:has-text('Episodes')", "aria-sort") == "ascending"
     page.click("#leaderboard th:has-text('Episodes')")
-    assert column(page, "leaderboard", 4) == ["40", "30", "20"]
+    assert column(page, "leaderboard", 4) == ["80", "30", "20"]
     page.click("#leaderboard th:has-text('Policy')")
     assert [name.split()[0] for name in column(page, "leaderboard", 1)] == ["alpha", "beta", "gamma"]
     page.click("#show-all")
@@ -222,8 +222,8 @@ def test_leaderboard_page_ranks_draws_intervals_and_sorts(site, monkeypatch):
 
     page.click("#suites a:has-text('metaworld-mt1-reach')")
     page.wait_for_selector("#suite-name:has-text('metaworld-mt1-reach')")
-    # Alpha's best reach evaluation: 8 of 10.
-    assert column(page, "leaderboard", 2) == ["80.0%"]
+    # Alpha's two reach evaluations pooled: 13 of 20.
+    assert column(page, "leaderboard", 2) == ["65.0%"]
 
 
 @pytest.mark.browser
