@@ -6,6 +6,9 @@
     evalforge eval status ID [--watch]
     evalforge eval list [--policy P] [--suite S] [--status S] [--tag T] [--limit N]
     evalforge eval cancel ID
+    evalforge eval compare A B
+    evalforge eval export ID --format csv|jsonl|parquet [--out FILE]
+    evalforge eval rerun ID [--watch]
     evalforge leaderboard --suite S [--include-nonstandard]
 
 Every verb takes ``--api-url`` (default ``$EVALFORGE_API_URL``, else
