@@ -15,11 +15,33 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 BENCH = Path(__file__).resolve().parent
 FAMILIES = {"libero": "suites_libero.py", "aloha": "suites_aloha.py", "ogbench": "suites_ogbench.py",
             "metaworld": "render_cost.py"}
+
+
+class Clock:
+    """Wall and process-CPU seconds of each call (the family benches time with it)."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def time(self, fn, *args):  # noqa: ANN001, ANN201 (any callable, its result)
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = fn(*args)
+        self.wall.append(time.perf_counter() - wall)
+        self.cpu.append(time.process_time() - cpu)
+        return out
+
+    def ms(self) -> tuple[float, float]:
+        """Median wall and CPU milliseconds."""
+        return float(np.median(self.wall) * 1e3), float(np.median(self.cpu) * 1e3)
 
 
 def main(argv: list[str] | None = None) -> int:

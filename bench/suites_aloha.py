@@ -30,35 +30,19 @@ import argparse
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from suites import Clock  # noqa: E402  (bench/suites.py)
+
 from benchmarks import aloha as al  # noqa: E402  (sets MUJOCO_GL before MuJoCo loads)
 from benchmarks.registry import get_suite  # noqa: E402
+from benchmarks.runner import run_policy_episode  # noqa: E402
 
 SUITES = {"aloha-transfer-cube": al.TRANSFER_CUBE, "aloha-insertion": al.INSERTION}
-
-
-class Clock:
-    """Wall and process-CPU seconds of each call."""
-
-    def __init__(self) -> None:
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-
-    def time(self, fn, *args):
-        wall, cpu = time.perf_counter(), time.process_time()
-        out = fn(*args)
-        self.wall.append(time.perf_counter() - wall)
-        self.cpu.append(time.process_time() - cpu)
-        return out
-
-    def ms(self) -> tuple[float, float]:
-        return float(np.median(self.wall) * 1e3), float(np.median(self.cpu) * 1e3)
 
 
 def measure(suite_name: str, steps: int, sizes: list[tuple[int, int]], expert_seeds: int
@@ -134,13 +118,9 @@ def measure(suite_name: str, steps: int, sizes: list[tuple[int, int]], expert_se
     rows.append(("expert: plan one seed (400-step mocap run)", *plan.ms()))
     successes, lengths = 0, []
     for seed in range(expert_seeds):
-        ours.reset(seed)
-        while True:
-            result = ours.step(expert(ours.expert_observation()))
-            if result.done:
-                break
-        successes += result.success
-        lengths.append(ours.steps)
+        outcome = run_policy_episode(ours, lambda _obs: expert(ours.expert_observation()), seed=seed)
+        successes += outcome.success
+        lengths.append(outcome.steps)
     rows.append((f"expert: successes over seeds 0..{expert_seeds - 1}", successes, float("nan")))
     rows.append(("expert: mean episode length (steps)", float(np.mean(lengths)), float("nan")))
     ours.close()

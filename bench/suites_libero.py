@@ -27,33 +27,16 @@ import argparse
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from suites import Clock  # noqa: E402  (bench/suites.py)
+
 from benchmarks import libero as lb  # noqa: E402  (sets MUJOCO_GL before MuJoCo loads)
 from benchmarks.registry import get_suite  # noqa: E402
-
-
-class Clock:
-    """Wall and process-CPU seconds of one call."""
-
-    def __init__(self) -> None:
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-
-    def time(self, fn, *args):
-        wall, cpu = time.perf_counter(), time.process_time()
-        out = fn(*args)
-        self.wall.append(time.perf_counter() - wall)
-        self.cpu.append(time.process_time() - cpu)
-        return out
-
-    def ms(self) -> tuple[float, float]:
-        return float(np.median(self.wall) * 1e3), float(np.median(self.cpu) * 1e3)
 
 
 def raw_env(suite_name: str, task: str, camera_size: int | None):

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from benchmarks.registry import get_suite
+from benchmarks.runner import run_policy_episode
 
 SUITES = ("ogbench-cube-single", "ogbench-scene", "ogbench-puzzle-3x3")
 
@@ -65,13 +66,10 @@ def expert_success(name: str, seeds: int) -> dict[str, str]:
         env, expert = suite.make_env(task, 0), suite.expert(task)
         wins, lengths = 0, []
         for seed in range(seeds):
-            env.reset(seed)
-            while True:
-                result = env.step(expert(env.expert_observation()))
-                if result.done:
-                    break
-            wins += result.success
-            lengths.append(env.steps)
+            outcome = run_policy_episode(env, lambda _obs, env=env, expert=expert: expert(env.expert_observation()),
+                                         seed=seed)
+            wins += outcome.success
+            lengths.append(outcome.steps)
         rates[task] = f"{wins}/{seeds} (mean {np.mean(lengths):.0f} steps)"
         env.close()
     return rates

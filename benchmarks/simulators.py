@@ -17,6 +17,7 @@ Reads package metadata only (``importlib.metadata``): nothing here imports a sim
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from importlib import metadata
 
 SIMULATOR_PACKAGES: dict[str, tuple[str, ...]] = {
@@ -60,3 +61,8 @@ def is_available(family: str) -> bool:
 def available_simulators() -> list[str]:
     """The families this environment can run, in ``SIMULATOR_PACKAGES`` order."""
     return [family for family in SIMULATOR_PACKAGES if is_available(family)]
+
+
+def install_hint(families: Sequence[str]) -> str:
+    """``pip install 'evalforge[sim-<family>]' …``: what installs the families (their extras drop gym-pusht's ``gym-``)."""
+    return "pip install " + " ".join(f"'evalforge[sim-{family.removeprefix('gym-')}]'" for family in families)

@@ -35,7 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def chosen_simulators(value: str | None) -> list[str]:
     """``--simulators`` checked against what is installed; ``ValueError`` naming the problem and the fix."""
-    from benchmarks.simulators import SIMULATOR_PACKAGES, available_simulators, is_available
+    from benchmarks.simulators import (
+        SIMULATOR_PACKAGES,
+        available_simulators,
+        install_hint,
+        is_available,
+    )
 
     if value is None:
         available = available_simulators()
@@ -51,7 +56,7 @@ def chosen_simulators(value: str | None) -> list[str]:
     missing = [name for name in families if not is_available(name)]
     if missing:
         raise ValueError(f"--simulators: {', '.join(missing)} not installed in this environment ({sys.prefix}); "
-                         f"pip install " + " ".join(f"'evalforge[sim-{m.removeprefix('gym-')}]'" for m in missing))
+                         + install_hint(missing))
     return families
 
 

@@ -118,7 +118,7 @@ def plan_evaluation(request: EvaluationCreate, policy: Policy, *, max_episodes: 
                 and inference.is_default)
     cameras = plan_cameras(request, policy, suite)
     definition = get_suite(suite["name"])
-    definition_hash = definition.definition_hash()
+    definition_hash = current_definitions()[definition.name]
     step_limits = [(task, request.max_steps or limits[task]) for task in tasks]
     protocol = build_protocol(suite=definition.name, definition_hash=definition_hash, simulator=definition.simulator,
                               seed_rule=definition.seed_rule, step_limits=step_limits, seed=request.seed,
@@ -135,30 +135,35 @@ def plan_cameras(request: EvaluationCreate, policy: Policy, suite: dict[str, Any
     Every one must be a camera of the suite; a policy that declares cameras must get each of
     them at its own size (its server refuses any other image), so an override may only add. A
     server that declares none but whose ``observation_keys`` map ``images.<camera>`` fields gets
-    those cameras at the suite's default sizes.
+    those cameras, by default at the suite's sizes; an override must keep them, at any size.
     """
     available = {camera["name"]: camera for camera in suite.get("cameras", [])}
-    wanted = {name: list(size) for name, size in (policy.cameras or {}).items()}
-    if not wanted and policy.observation_keys:
-        # A server that announces no sizes gets the cameras its key map names, at the suite's sizes.
-        named = [key.removeprefix("images.") for key in policy.observation_keys
-                 if key.startswith("images.") and key != IMAGES_RULE]
-        wanted = {name: [available[name]["height"], available[name]["width"]] if name in available else [96, 96]
-                  for name in named}
+    declared = {name: list(size) for name, size in (policy.cameras or {}).items()}
+    # A server that announces no sizes gets the cameras its key map names (any size; by default the suite's).
+    keyed = [] if declared else [key.removeprefix("images.") for key in policy.observation_keys or {}
+                                 if key.startswith("images.") and key != IMAGES_RULE]
+    default = declared or {name: [available[name]["height"], available[name]["width"]]
+                           for name in keyed if name in available}
     chosen = {name: list(size) for name, size in
-              (request.cameras if request.cameras is not None else wanted).items()}
-    unknown = [name for name in chosen if name not in available]
+              (request.cameras if request.cameras is not None else default).items()}
+    unknown = [name for name in dict.fromkeys([*keyed, *chosen]) if name not in available]
     if unknown:
         offer = (f"its cameras are {', '.join(available)}" if available
                  else "it renders no cameras (a state-only suite)")
         raise ApiError(422, "unknown_camera",
                        f"suite {suite['name']} has no camera {unknown[0]!r}{close_matches(unknown[0], list(available))}"
                        f"; {offer}", {"unknown_cameras": unknown, "cameras": list(available)})
-    mismatched = {name: size for name, size in wanted.items() if chosen.get(name) != size}
+    mismatched = {name: size for name, size in declared.items() if chosen.get(name) != size}
     if mismatched:
         asked = ", ".join(f"{name} at {h}×{w}" for name, (h, w) in mismatched.items())
         raise ApiError(422, "incompatible_policy",
                        f"policy {policy.id} ({policy.name}) asks for camera(s) {asked} and its server refuses "
                        "any other image; leave `cameras` out to use the policy's own, or include those",
-                       {"policy_cameras": wanted})
+                       {"policy_cameras": declared})
+    missing = [name for name in keyed if name not in chosen]
+    if missing:
+        raise ApiError(422, "incompatible_policy",
+                       f"policy {policy.id} ({policy.name}) reads camera(s) {', '.join(missing)} (its "
+                       "observation_keys); include them in `cameras`, or leave `cameras` out",
+                       {"policy_cameras": keyed})
     return chosen

@@ -12,6 +12,7 @@ from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Request, Re
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 
+from benchmarks.simulators import install_hint
 from services.eval_api.admission import check_queue_cap
 from services.eval_api.deps import (
     EpisodeQueueDep,
@@ -72,7 +73,7 @@ def waiting_for_workers(session: Session, evaluation: Evaluation, results: dict[
         return None
     return (f"no live worker runs simulator {simulator}: its episodes stay pending until one does (start "
             f"`evalforge worker --simulators {simulator}` where the {simulator} extra is installed: "
-            f"pip install 'evalforge[sim-{simulator.removeprefix('gym-')}]')")
+            f"{install_hint([simulator])})")
 
 
 def _get_or_404(session: Session, evaluation_id: int) -> Evaluation:

@@ -15,10 +15,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from benchmarks.registry import get_suite
 from services.eval_api.deps import ReadAccessDep, SessionDep
 from services.eval_api.errors import ApiError
-from services.eval_api.planning import get_suite_entry
+from services.eval_api.planning import current_definitions, get_suite_entry
 from services.eval_api.schemas import (
     DifferenceFromAbove,
     Interval,
@@ -47,8 +46,8 @@ def leaderboard(suite: Annotated[Name, Query(description="Suite name (`GET /suit
     one) pooled: pooled success rate first, ties to more episodes, then to the earlier result. Each
     entry lists the evaluations pooled and whether it is significantly different from the entry
     above (paired on shared (task, seed) episodes, else unpaired Newcombe)."""
-    get_suite_entry(suite)
-    current = get_suite(suite).definition_hash()
+    get_suite_entry(suite)  # 422 for an unknown suite, naming close matches
+    current = current_definitions()[suite]
     definition_hash = definition or current
     entries = queries.leaderboard(session, suite, definition_hash=definition_hash,
                                   include_nonstandard=include_nonstandard, limit=limit)
