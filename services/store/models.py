@@ -63,6 +63,7 @@ from services.store.statuses import (  # noqa: F401  (re-exported)
     EvaluationStatus,
     FailureReason,
     PolicyProtocol,
+    RecordMode,
 )
 
 # 64-bit keys on PostgreSQL; on SQLite only "INTEGER PRIMARY KEY" is the auto-assigned rowid.
@@ -160,6 +161,31 @@ class Policy(Base):
     # The key that registered it: only that key (or an admin) may point it at another endpoint.
     created_by_key_id: Mapped[int | None] = mapped_column(
         BigId, ForeignKey("api_keys.id", ondelete="SET NULL"))
+    # Further servers of the same checkpoint (replicas); ``endpoint`` stays the first one.
+    replicas: Mapped[list[PolicyEndpoint]] = relationship(
+        lazy="selectin", order_by="PolicyEndpoint.id", cascade="all, delete-orphan", passive_deletes=True)
+
+    @property
+    def endpoints(self) -> list[str]:
+        """Every server of this policy: ``endpoint`` first, then its replicas in the order they were added."""
+        return [self.endpoint, *(r.endpoint for r in self.replicas if r.endpoint != self.endpoint)]
+
+
+class PolicyEndpoint(Base):
+    """One more server of a policy's checkpoint (a replica), checked by its handshake when added.
+
+    Workers spread a policy's episodes over ``policy.endpoint`` and these, and fail over between
+    them (``services/workers/replicas.py``)."""
+
+    __tablename__ = "policy_endpoints"
+    __table_args__ = (UniqueConstraint("policy_id", "endpoint"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    policy_id: Mapped[int] = mapped_column(BigId, ForeignKey("policies.id", ondelete="CASCADE"))
+    endpoint: Mapped[str] = mapped_column(String(2000))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    created_by_key_id: Mapped[int | None] = mapped_column(
+        BigId, ForeignKey("api_keys.id", ondelete="SET NULL"))
 
 
 class Evaluation(Base):
@@ -172,6 +198,7 @@ class Evaluation(Base):
     __tablename__ = "evaluations"
     __table_args__ = (
         _check_in("status", EvaluationStatus, "status"),
+        _check_in("record", RecordMode, "record"),
         Index("ix_evaluations_leaderboard", "suite", "status", "policy_id", "success_rate"),
         Index("ix_evaluations_policy_id_id", "policy_id", "id"),
         Index("ix_evaluations_status_id", "status", "id"),
@@ -197,6 +224,9 @@ class Evaluation(Base):
     protocol: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc)
     # Suite.definition_hash() when it was made: its leaderboard version. None before migration 0009.
     definition_hash: Mapped[str | None] = mapped_column(String(64))
+    # Which episodes are recorded for a LeRobot dataset (RecordMode); not part of the protocol.
+    record: Mapped[str] = mapped_column(String(16), default=RecordMode.NONE.value,
+                                        server_default=RecordMode.NONE.value)
     status: Mapped[str] = mapped_column(String(16), default=EvaluationStatus.PENDING.value)
     # The key that submitted it: only that key (or an admin) may cancel it; idempotency keys are per API key.
     created_by_key_id: Mapped[int | None] = mapped_column(
@@ -270,6 +300,8 @@ class Episode(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     # The replay GIF (services/workers/replays.py), relative to the workers' ARTIFACT_ROOT; None: not recorded.
     artifact_path: Mapped[str | None] = mapped_column(String(1000))
+    # Its rollout recording (services/workers/recording.py), relative to ARTIFACT_ROOT; None: not recorded.
+    recording_path: Mapped[str | None] = mapped_column(String(1000))
     # {package: version} of the simulator it ran on (benchmarks.simulators); None before migration 0008.
     simulator_versions: Mapped[dict[str, str] | None] = mapped_column(JsonDoc)
     # Suites whose seeds pick one of a fixed set of initial states (LIBERO's): the one it started from.

@@ -68,6 +68,16 @@ class PolicyProtocol(enum.StrEnum):
     VLA_EVAL = "vla-eval"  # allenai's vla-eval model servers: hello, episode_start/observation/episode_end
 
 
+class RecordMode(enum.StrEnum):
+    """Which episodes of an evaluation are recorded (states, actions, camera frames) for a LeRobot
+    dataset (``services/workers/recording.py``). Not part of the protocol: it changes no outcome."""
+
+    NONE = "none"
+    FIRST = "first"  # the first episode of each task (its lowest episode index)
+    FAILURES = "failures"  # every episode that ran to its end without success (not harness failures)
+    ALL = "all"  # every episode that ran to its end
+
+
 def inference_label(inference: dict | None) -> str:
     """``whole chunk``, ``horizon 1`` or ``ensemble m=0.01``: how an evaluation's inference settings
     (``services/protocol/ensemble.py`` applies them) are named in the API, the CLI, the pages and
