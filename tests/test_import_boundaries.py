@@ -26,6 +26,8 @@ FORBIDDEN = {
     "trainer": ({"services"}, set()),
     "benchmarks": ({"trainer", "services", "policy_format"}, set()),
     "policy_format": (OURS, {"policy_format"}),
+    # The LeRobot v3 dataset format, once: the trainer trains on it, the workers record rollouts into it.
+    "lerobot_format": (OURS, {"lerobot_format"}),
     "services/protocol": (OURS, {"services.protocol"}),
     "services/policy_server": (OURS, {"services.policy_server", "services.protocol", "policy_format"}),
     # The API and the workers meet only in the store and the queue contract (services/queue.py),
@@ -47,6 +49,7 @@ FORBIDDEN = {
 # The leaves' third-party dependencies (their pyproject.toml dependencies); the rest is stdlib.
 PROTOCOL_DEPENDENCIES = {"msgpack", "numpy", "websockets"}
 POLICY_FORMAT_DEPENDENCIES = {"numpy"}
+LEROBOT_FORMAT_DEPENDENCIES = {"numpy", "pyarrow", "av"}
 
 
 def imported_modules(path: Path) -> dict[str, int]:
@@ -89,7 +92,8 @@ def test_package_does_not_import_what_design_forbids(directory):
 
 
 @pytest.mark.parametrize(("directory", "dependencies"), [("services/protocol", PROTOCOL_DEPENDENCIES),
-                                                         ("policy_format", POLICY_FORMAT_DEPENDENCIES)])
+                                                         ("policy_format", POLICY_FORMAT_DEPENDENCIES),
+                                                         ("lerobot_format", LEROBOT_FORMAT_DEPENDENCIES)])
 def test_a_leaf_uses_only_its_declared_dependencies(directory, dependencies):
     offending = [f"{path.relative_to(REPO)}:{line} imports {module}"
                  for path in sorted((REPO / directory).rglob("*.py"))
@@ -119,7 +123,7 @@ def test_what_now_lives_in_one_place_is_not_left_behind(gone):
 
 
 def test_the_layout_design_md_names_exists():
-    for path in ("policy_format/__init__.py", "services/protocol/pyproject.toml", "services/queue.py",
+    for path in ("policy_format/__init__.py", "lerobot_format/__init__.py", "services/protocol/pyproject.toml", "services/queue.py",
                  "services/supervisor.py", "services/cli/__init__.py"):
         assert (REPO / path).is_file(), path
 

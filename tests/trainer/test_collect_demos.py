@@ -295,7 +295,7 @@ def test_refuses_episode_length_mismatch(dataset_copy):
 
 
 def test_writer_splits_and_round_trips(tmp_path, monkeypatch):
-    import trainer.data.lerobot as lr
+    import lerobot_format.dataset as lr  # the module the writer reads its limits from
 
     monkeypatch.setattr(lr, "DATA_FILES_SIZE_MB", 0)  # one episode per data file
     rng = np.random.default_rng(0)
