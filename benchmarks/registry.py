@@ -59,6 +59,7 @@ SIMULATOR_MODULES = (
     "benchmarks.libero",
     "benchmarks.aloha",
     "benchmarks.ogbench",
+    "benchmarks.null",
 )
 
 

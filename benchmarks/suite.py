@@ -283,6 +283,9 @@ class Suite:
     # draws the object and goal positions"); every simulator module declares one, and changing it
     # changes the definition hash.
     seed_rule: str = ""
+    # False for plumbing suites (``null``): their evaluations are never standard and the
+    # leaderboard never ranks them. Not part of the definition hash (it says nothing about results).
+    leaderboard: bool = True
 
     def __post_init__(self) -> None:
         names = [t.name for t in self.tasks]

@@ -26,6 +26,9 @@ from services.cli import add_log_level
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, metavar="N",
                         help="episode processes (default: the number of CPU cores)")
+    parser.add_argument("--episodes-in-flight", type=int, metavar="N", help=(
+        "play up to N episodes at once in this one process, each in a thread with its own simulator and "
+        "policy connection (services/workers/inflight.py); instead of --concurrency"))
     parser.add_argument("--simulators", metavar="FAMILY[,FAMILY...]", help=(
         "simulator families to serve (metaworld, gym-pusht, libero, aloha, ogbench; default: every one "
         "installed here)"))
@@ -63,6 +66,7 @@ def chosen_simulators(value: str | None) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from services.queue import queue_name, settings
     from services.store.db import create_db_engine, make_session_factory
+    from services.workers import inflight
     from services.workers.celery_app import app
     from services.workers.heartbeat import WorkerHeartbeat
     from services.workers.settings import settings as worker_settings
@@ -71,6 +75,21 @@ def run(args: argparse.Namespace) -> int:
     if concurrency < 1:
         print(f"evalforge worker: --concurrency must be at least 1, got {concurrency}", file=sys.stderr)
         return 2
+    in_flight = getattr(args, "episodes_in_flight", None)
+    if in_flight is not None:
+        from services.store.settings import settings as store_settings
+
+        try:
+            if args.concurrency not in (None, 1):
+                raise ValueError(f"--episodes-in-flight runs one process; drop --concurrency {args.concurrency} "
+                                 "and start more workers for more processes")
+            pool = inflight.celery_pool_arguments(in_flight)
+            inflight.check_database_pool(in_flight, store_settings.pool_size, store_settings.max_overflow)
+        except ValueError as exc:
+            print(f"evalforge worker: {exc}", file=sys.stderr)
+            return 2
+    else:
+        pool = ["--pool", "prefork", "--concurrency", str(concurrency)]
     try:
         simulators = chosen_simulators(args.simulators)
     except ValueError as exc:
@@ -81,10 +100,13 @@ def run(args: argparse.Namespace) -> int:
     # Its row is named as Celery names the node (%h is Celery's placeholder for the host name).
     heartbeat = WorkerHeartbeat(make_session_factory(create_db_engine()), hostname.replace("%h", socket.gethostname()),
                                 simulators, every_s=worker_settings.pool_heartbeat_s).start()
-    argv = ["worker", "--pool", "prefork", "--concurrency", str(concurrency), "--queues", ",".join(queues),
+    argv = ["worker", *pool, "--queues", ",".join(queues),
             "--loglevel", args.log_level, "--hostname", hostname, "--without-gossip", "--without-mingle"]
+    watchdog = inflight.install_watchdog() if in_flight is not None else None
     try:
         app.worker_main(argv)
     finally:
+        if watchdog is not None:
+            watchdog.stop()
         heartbeat.stop()
     return 0

@@ -118,6 +118,7 @@ def plan_evaluation(request: EvaluationCreate, policy: Policy, *, max_episodes: 
                 and inference.is_default)
     cameras = plan_cameras(request, policy, suite)
     definition = get_suite(suite["name"])
+    standard = standard and definition.leaderboard  # a plumbing suite (null) is never ranked
     definition_hash = current_definitions()[definition.name]
     step_limits = [(task, request.max_steps or limits[task]) for task in tasks]
     protocol = build_protocol(suite=definition.name, definition_hash=definition_hash, simulator=definition.simulator,

@@ -99,7 +99,7 @@ def build_parser(defaults: PolicyServerSettings | None = None) -> argparse.Argum
         metavar="DIR")
     add("host")
     add("port", type=int)
-    add("engine", choices=["vllm", "hf"])
+    add("engine", choices=["vllm", "hf", "null"])
     add("name")
     engine = parser.add_argument_group("vLLM engine")
     add("dtype", engine)

@@ -10,6 +10,8 @@ given.
 - ``HfEngine``: the same checkpoint in ``transformers``, one request at a time
   with a KV cache: the reference for parity tests and for debugging, and the
   design openpi's server uses.
+- ``NullEngine`` (``--engine null``): no model; answers at once with zero actions, to
+  measure the plumbing alone (never a policy).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from policy_format import PolicyCheckpoint
 
@@ -263,6 +267,27 @@ class HfEngine(Engine):
         return tokens
 
 
+class NullEngine(Engine):
+    """Answers at once with the action tokens nearest zero, without loading any model: for measuring
+    the service's plumbing alone (``bench/control_plane.py``, with the ``null`` suite). Never a policy."""
+
+    name = "null"
+
+    def __init__(self, checkpoint: PolicyCheckpoint) -> None:
+        super().__init__(checkpoint)
+        tokenizer = checkpoint.tokenizer
+        zeros = np.zeros((tokenizer.chunk_size, tokenizer.action_dim), dtype=np.float32)
+        self._tokens = tokenizer.action.encode(zeros).reshape(-1).tolist()
+
+    async def start(self) -> None:
+        pass
+
+    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
+        if self.on_batch is not None:
+            self.on_batch(1)
+        return list(self._tokens)
+
+
 def move_off_compute_cores(engine_core_too: bool = False) -> None:
     """Split the cores: vLLM's engine on its compute cores, this serving process on the rest.
 
@@ -338,4 +363,6 @@ def build_inference_engine(kind: str, checkpoint: PolicyCheckpoint,
         return VllmEngine(checkpoint, settings)
     if kind == "hf":
         return HfEngine(checkpoint)
-    raise ValueError(f"unknown engine {kind!r}; choose vllm or hf")
+    if kind == "null":
+        return NullEngine(checkpoint)
+    raise ValueError(f"unknown engine {kind!r}; choose vllm, hf or null")

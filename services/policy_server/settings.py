@@ -32,8 +32,9 @@ class PolicyServerSettings(BaseSettings):
         "POLICY_SERVER_CHECKPOINT."))
     host: str = Field("127.0.0.1", description="Address to bind (0.0.0.0: every interface).")
     port: int = Field(8000, ge=0, le=65535, description="Port to listen on (HTTP and WebSocket).")
-    engine: Literal["vllm", "hf"] = Field("vllm", description=(
-        "vllm: continuous batching; hf: transformers, one request at a time."))
+    engine: Literal["vllm", "hf", "null"] = Field("vllm", description=(
+        "vllm: continuous batching; hf: transformers, one request at a time; null: no model, zero actions at "
+        "once (plumbing measurement only)."))
     name: str | None = Field(None, description=(
         "Policy name announced in the handshake; unset: policy.json's name."))
     # the vLLM engine

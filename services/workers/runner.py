@@ -50,8 +50,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, ValuesView
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,7 @@ from services.store.models import (
     Policy,
     PolicyProtocol,
 )
+from services.workers import recording
 from services.workers.cameras import observing_policy
 from services.workers.replays import ReplayRecorder, replay_camera, save_replay
 from services.workers.settings import WorkerSettings
@@ -184,8 +186,58 @@ def episode_time_limit(max_steps: int, settings: WorkerSettings) -> float:
 
 # ---------------------------------------------------------------------------- per-process caches
 
-_clients: dict[tuple, PolicyAdapter] = {}
-_envs: dict[tuple[str, str], EpisodeEnv] = {}
+class _PerThread:
+    """A cache dict of the calling thread's own (one per thread, and a forked child starts empty).
+
+    A worker with episodes in flight (``services/workers/inflight.py``) plays each episode in a
+    thread of its own: a simulator or a policy client must never be shared by two threads, and
+    a MuJoCo renderer's GL context stays in the thread that made it."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._every: list[dict] = []
+
+    def mine(self) -> dict:
+        cache = getattr(self._local, "cache", None)
+        if cache is None or self._local.pid != os.getpid():
+            cache = self._local.cache = {}
+            self._local.pid = os.getpid()
+            with self._lock:
+                self._every.append(cache)
+        return cache
+
+    def every_thread(self) -> list[dict]:
+        with self._lock:
+            return list(self._every)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self.mine().get(key, default)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.mine()[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.mine()[key] = value
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self.mine()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.mine())
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        return self.mine().pop(key, default)
+
+    def values(self) -> ValuesView[Any]:
+        return self.mine().values()
+
+    def clear(self) -> None:
+        self.mine().clear()
+
+
+_clients = _PerThread()  # (endpoint, protocol, …) → PolicyAdapter, per thread
+_envs = _PerThread()  # (suite, task) → EpisodeEnv, per thread
 _cache_pid = os.getpid()
 
 
@@ -240,12 +292,18 @@ def _drop_environment(suite_name: str, task: str) -> None:
 
 
 def close_caches() -> None:
-    """Close every cached client and simulator (at worker shutdown, and in tests)."""
-    for client in _clients.values():
-        client.close()
-    _clients.clear()
-    for suite_name, task in list(_envs):
-        _drop_environment(suite_name, task)
+    """Close every cached client and simulator, of every thread (at worker shutdown, and in tests)."""
+    for clients in _clients.every_thread():
+        for client in list(clients.values()):
+            client.close()
+        clients.clear()
+    for envs in _envs.every_thread():
+        for (suite_name, task), env in list(envs.items()):
+            envs.pop((suite_name, task), None)
+            try:
+                env.close()
+            except Exception:  # a broken simulator may also fail to close; it is dropped either way
+                log.debug("closing a failed %s/%s environment raised", suite_name, task, exc_info=True)
 
 
 # ---------------------------------------------------------------------------- the runner
@@ -268,6 +326,8 @@ class _Job:
     observation_keys: dict[str, str] | None
     action_dim: int
     inference: dict[str, Any]
+    record: str = "none"  # the evaluation's RecordMode (services/workers/recording.py)
+    episodes_per_task: int = 1
 
 
 def _load_job(session: Session, episode_id: int) -> _Job:
@@ -275,15 +335,15 @@ def _load_job(session: Session, episode_id: int) -> _Job:
         select(Episode.evaluation_id, Episode.episode_index, Evaluation.suite, Episode.task, Episode.seed,
                Episode.max_steps, Policy.endpoint, Episode.attempts, Policy.checkpoint_sha256,
                Evaluation.cameras, Policy.protocol, Policy.observation_keys, Policy.action_dim,
-               Evaluation.inference)
+               Evaluation.inference, Evaluation.record, Evaluation.episodes_per_task)
         .join(Evaluation, Evaluation.id == Episode.evaluation_id)
         .join(Policy, Policy.id == Evaluation.policy_id)
         .where(Episode.id == episode_id)).one()
     session.rollback()
-    *fields, action_dim, inference = row
+    *fields, action_dim, inference, record, episodes_per_task = row
     # A server that did not say its action dimension is held to the suite's.
     return _Job(episode_id, *fields, action_dim=action_dim or get_suite(row.suite).action_dim,
-                inference=inference or {})
+                inference=inference or {}, record=record, episodes_per_task=episodes_per_task)
 
 
 def _why_not_claimed(session_factory: sessionmaker[Session], episode_id: int,
@@ -337,11 +397,13 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
     message: str | None = None
     delays = backoff_delays(settings.policy_backoff_s, settings.policy_backoff_max_s)
     recorders: list[ReplayRecorder] | None = [] if job.episode_index < settings.replay_episodes else None
+    rollouts: list[recording.RolloutRecorder] | None = (
+        [] if recording.is_recorded(job.record, job.episode_index, job.episodes_per_task) else None)
     try:
         check_endpoint(job.endpoint)  # EVALFORGE_POLICY_HOSTS as it is now, not when the policy was registered
         for retry in range(settings.policy_retries + 1):
             try:
-                result = _play(job, settings, clock, on_step, recorders)
+                result = _play(job, settings, clock, on_step, recorders, rollouts)
                 reason, message = None, None
                 break
             except _PolicyRetryable as exc:
@@ -388,6 +450,11 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
     if recorders:
         artifact_path = save_replay(recorders[-1], settings.artifact_root, job.evaluation_id, job.episode_index,
                                     fps=get_suite(job.suite).fps / settings.replay_every)
+    recording_path = None
+    if rollouts and recording.is_kept(job.record, success=result.success, failure_reason=reason):
+        recording_path = recording.save_recording(rollouts[-1], settings.artifact_root, evaluation_id=job.evaluation_id,
+                                                  episode_index=job.episode_index, seed=job.seed,
+                                                  success=result.success)
     family = get_suite(job.suite).simulator
     with session_factory() as session:
         written = queries.finish_episode(
@@ -395,6 +462,7 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
             steps=result.steps, duration_s=result.duration_s, latency_mean_ms=result.latency_mean_ms,
             latency_p95_ms=result.latency_p95_ms, failure_reason=reason,
             error_message=message[:2000] if message else None, artifact_path=artifact_path,
+            recording_path=recording_path,
             simulator_versions=simulator_versions(family), renderer=renderer(family),
             initial_state_index=_initial_state_index(job), worker_host=socket.gethostname())
         finalised = queries.finalize_evaluation_if_done(session, job.evaluation_id)
@@ -454,11 +522,13 @@ def _out_of_time(exc: _OutOfTime, job: _Job, settings: WorkerSettings, limit_s: 
 
 
 def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Callable[[int], None],
-          recorders: list[ReplayRecorder] | None) -> EpisodeResult:
+          recorders: list[ReplayRecorder] | None,
+          rollouts: list[recording.RolloutRecorder] | None = None) -> EpisodeResult:
     """One try at the episode; policy-server trouble is raised as ``_PolicyRetryable``.
 
     With ``recorders`` (a list), a fresh ``ReplayRecorder`` for this try is appended to it:
     it grabs a frame before every ``replay_every``-th action and one of the final state.
+    Likewise ``rollouts``: a ``RolloutRecorder`` keeps every step's state, action and camera frames.
     """
     env = _environment(job.suite, job.task, job.seed)
     env.max_steps = job.max_steps
@@ -479,6 +549,9 @@ def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Ca
             recorder.capture(env.steps)
             return policy(obs)
 
+    if rollouts is not None:
+        rollouts.append(recording.RolloutRecorder(env, job.cameras))
+        act = rollouts[-1].wrap(act)
     try:
         outcome = run_policy_episode(env, act, seed=job.seed, on_step=on_step)
         if recorder is not None:

@@ -11,6 +11,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from jinja2 import Environment, FileSystemLoader
 from sqlalchemy.orm import Session
 
+from benchmarks.registry import get_suite
 from services.eval_api.deps import Credentials, SessionDep, SettingsDep, require_read_access
 from services.eval_api.errors import ApiError
 from services.eval_api.pages import plots, reads, tables
@@ -77,7 +78,7 @@ def leaderboard_page(session: SessionDep, settings: SettingsDep, credentials: Cr
     """Suites as tabs (those with results first, by name) and the chosen suite's leaderboard."""
     if (refusal := _refused(session, settings, credentials)) is not None:
         return refusal
-    catalogue = suites_by_name()
+    catalogue = {name: entry for name, entry in suites_by_name().items() if get_suite(name).leaderboard}
     # Only each suite's current definition is ranked (older versions: GET /leaderboard?definition=HASH).
     definitions = current_definitions()
     counts = queries.ranked_policy_counts(session, include_nonstandard=include_nonstandard,

@@ -15,6 +15,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from benchmarks.registry import get_suite
 from services.eval_api.deps import ReadAccessDep, SessionDep
 from services.eval_api.errors import ApiError
 from services.eval_api.planning import current_definitions, get_suite_entry
@@ -47,6 +48,9 @@ def leaderboard(suite: Annotated[Name, Query(description="Suite name (`GET /suit
     entry lists the evaluations pooled and whether it is significantly different from the entry
     above (paired on shared (task, seed) episodes, else unpaired Newcombe)."""
     get_suite_entry(suite)  # 422 for an unknown suite, naming close matches
+    if not get_suite(suite).leaderboard:
+        raise ApiError(404, "not_ranked", f"suite {suite} measures the service's plumbing (docs/suites.md) and has "
+                       "no leaderboard; its evaluations are read at GET /evaluations/{id}")
     current = current_definitions()[suite]
     definition_hash = definition or current
     entries = queries.leaderboard(session, suite, definition_hash=definition_hash,
