@@ -23,7 +23,7 @@ from services.store import migrate
 from services.store.db import create_db_engine
 from services.store.settings import StoreSettings
 
-TABLES = ("episodes", "evaluation_tags", "evaluations", "policies", "api_keys")
+TABLES = ("episodes", "evaluation_tags", "evaluations", "policy_endpoints", "policies", "api_keys")
 
 
 def create_postgres_database(base_url: str, prefix: str = "evalforge_test") -> str:

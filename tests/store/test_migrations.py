@@ -17,7 +17,7 @@ from services.store.db import create_db_engine
 from services.store.models import Base
 from tests.store.databases import create_postgres_database, drop_postgres_database
 
-TABLES = {"api_keys", "policies", "evaluations", "evaluation_tags", "episodes", "workers"}
+TABLES = {"api_keys", "policies", "policy_endpoints", "evaluations", "evaluation_tags", "episodes", "workers"}
 REPO = Path(__file__).resolve().parents[2]
 
 
