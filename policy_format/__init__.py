@@ -11,8 +11,9 @@ and builds its prompts here, with the same code. numpy and the standard library 
   prompts and training sequences;
 - :mod:`policy_format.checkpoint`: a checkpoint directory validated as a whole
   (:func:`load_checkpoint`) and its digest;
-- :mod:`policy_format.images`: :class:`CameraInput`, the cameras a card declares (image
-  preprocessing for vision policies joins it there).
+- :mod:`policy_format.images`: :class:`CameraInput`, the cameras a card declares;
+  :class:`VisionEncoder`, a vision policy's encoder and projector; :func:`pixel_values`,
+  the image preprocessing the trainer and the server share.
 """
 
 from policy_format.card import (
@@ -29,9 +30,17 @@ from policy_format.checkpoint import (
     PolicyCheckpoint,
     checkpoint_digest,
     load_checkpoint,
+    write_lm_index,
 )
-from policy_format.images import CameraInput
+from policy_format.images import (
+    VISION_WEIGHTS,
+    CameraInput,
+    VisionEncoder,
+    pixel_values,
+    preprocess,
+)
 from policy_format.tokens import (
+    IMAGE_PLACEHOLDER_ID,
     ActionTokenizer,
     PolicyTokenizer,
     StateTokenizer,
@@ -40,8 +49,9 @@ from policy_format.tokens import (
 )
 
 __all__ = [
-    "FORMAT", "FORMAT_VERSION", "READERS", "WEIGHT_FILES",
+    "FORMAT", "FORMAT_VERSION", "IMAGE_PLACEHOLDER_ID", "READERS", "VISION_WEIGHTS", "WEIGHT_FILES",
     "ActionTokenizer", "CameraInput", "CheckpointError", "PolicyCard", "PolicyCheckpoint", "PolicyFormatError", "PolicyTokenizer",
-    "StateTokenizer", "TokenLayout", "UniformTokenizer",
-    "checkpoint_digest", "load_checkpoint", "source_commit",
+    "StateTokenizer", "TokenLayout", "UniformTokenizer", "VisionEncoder",
+    "checkpoint_digest", "load_checkpoint", "pixel_values", "preprocess", "source_commit",
+    "write_lm_index",
 ]

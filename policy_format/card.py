@@ -2,10 +2,10 @@
 
 The trainer writes the card next to a checkpoint's weights; the policy server reads it
 to turn observations into prompts and generated tokens into actions. Both use this
-module, so the rules below are checked by one piece of code. Format version 2::
+module, so the rules below are checked by one piece of code. Format version 3::
 
     {
-      "format": "evalforge.policy", "format_version": 2,
+      "format": "evalforge.policy", "format_version": 3,
       "name": "reach-bc", "suite": "metaworld-mt1-reach",
       "state_dim": 39, "action_dim": 4, "chunk_size": 4,
       "state_bins": 256, "action_bins": 256,
@@ -13,7 +13,11 @@ module, so the rules below are checked by one piece of code. Format version 2::
       "action_bounds": {"low": [...action_dim], "high": [...action_dim]},
       "token_ranges": {"state": [0, 256], "action": [256, 512], "task": [512, 513]},
       "tasks": [{"name": "reach-v3", "token_id": 512, "instruction": "Reach the goal."}],
-      "cameras": [{"name": "corner", "height": 96, "width": 96, "resize": "bilinear", "scale": "unit"}],
+      "cameras": [{"name": "corner", "height": 64, "width": 64, "resize": "bilinear", "scale": "signed"}],
+      "vision": {"image_size": 64, "patch_size": 8, "hidden_size": 128, "intermediate_size": 256,
+                 "num_hidden_layers": 2, "num_attention_heads": 4, "layer_norm_eps": 1e-06,
+                 "hidden_act": "gelu_pytorch_tanh", "projector_act": "gelu", "feature_layer": -1,
+                 "weights": "vision.safetensors"},
       "provenance": {"dataset": "...", "steps": 2000, "source_commit": "..."}
     }
 
@@ -25,8 +29,15 @@ binned is :mod:`policy_format.tokens`.
 ``cameras`` (optional; written only when there are any) lists the images the policy
 takes, in the order it takes them: a name matching ``[A-Za-z0-9_.-]{1,64}``, distinct, at
 most 16; ``height`` and ``width`` from 1 to 4096; ``resize`` ``bilinear`` or ``nearest``;
-``scale`` ``unit`` (see :mod:`policy_format.images`). A card without cameras is a
-state-only policy. The prompt does not hold image rows yet (vision policies come later).
+``scale`` ``unit`` or ``signed`` (see :mod:`policy_format.images`). A card without cameras is a
+state-only policy.
+
+``vision`` (optional; needs cameras, all square at the encoder's ``image_size``) makes a
+vision policy: the encoder and projector of :class:`~policy_format.images.VisionEncoder`,
+whose weights are the checkpoint's ``weights`` file. Its prompt is ``[task, image rows of
+each camera in card order, state tokens]`` (:class:`~policy_format.tokens.PolicyTokenizer`'s
+``image_len`` rows). A card with cameras and no ``vision`` has its images validated on the
+serving path and a state-only model.
 
 **Versions.** ``format_version`` names the layout of the file. :data:`READERS` maps every
 version this code reads to its reader; a reader turns its version into the current
@@ -35,7 +46,9 @@ A new version adds a reader and keeps the old ones (``tests/policy_format`` load
 of every version).
 
 - version 1: everything above but ``cameras``;
-- version 2: adds the optional ``cameras``. A version-1 file reads as a card without cameras.
+- version 2: adds the optional ``cameras``. A version-1 file reads as a card without cameras;
+- version 3: adds the optional ``vision`` and the ``signed`` scale. A version-2 file reads as
+  a card without a vision encoder.
 """
 
 from __future__ import annotations
@@ -56,11 +69,12 @@ from policy_format.images import (
     RESIZE_METHODS,
     SCALES,
     CameraInput,
+    VisionEncoder,
 )
 from policy_format.tokens import ActionTokenizer, PolicyTokenizer, StateTokenizer, TokenLayout
 
 FORMAT = "evalforge.policy"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FILENAME = "policy.json"
 
 
@@ -95,6 +109,7 @@ class PolicyCard:
     layout: TokenLayout = None  # type: ignore[assignment]  # None: TokenLayout.packed(bins, bins, len(tasks))
     task_ids: dict[str, int] = None  # type: ignore[assignment]  # None: the task range's ids in tasks order
     cameras: tuple[CameraInput, ...] = ()
+    vision: VisionEncoder | None = None
 
     def __post_init__(self) -> None:
         self.cameras = tuple(self.cameras)
@@ -102,6 +117,11 @@ class PolicyCard:
             self.layout = TokenLayout.packed(self.state_bins, self.action_bins, len(self.tasks))
         if self.task_ids is None:
             self.task_ids = {name: self.layout.task_range[0] + i for i, name in enumerate(self.tasks)}
+
+    @property
+    def image_len(self) -> int:
+        """Image rows in the prompt: ``tokens_per_image`` per camera for a vision policy, else 0."""
+        return self.vision.tokens_per_image * len(self.cameras) if self.vision is not None else 0
 
     @property
     def camera_sizes(self) -> dict[str, tuple[int, int]]:
@@ -189,6 +209,7 @@ class PolicyCard:
                       for name in self.tasks],
             **({"cameras": [{"name": c.name, "height": c.height, "width": c.width, "resize": c.resize,
                              "scale": c.scale} for c in self.cameras]} if self.cameras else {}),
+            **({"vision": self.vision.to_json()} if self.vision is not None else {}),
             "provenance": {**provenance_defaults, **self.provenance},
         }
 
@@ -201,7 +222,7 @@ class PolicyCard:
             {name: self.task_ids[name] for name in self.tasks},
             StateTokenizer(self.state_low, self.state_high, self.state_bins, self.layout.state_range[0]),
             ActionTokenizer(self.action_low, self.action_high, self.action_bins, self.layout.action_range[0]),
-            self.chunk_size, self.layout)
+            self.chunk_size, self.layout, image_len=self.image_len)
 
 
 def _floats(values: Sequence[float] | np.ndarray) -> list[float]:
@@ -361,5 +382,42 @@ def _read_v2(raw: dict[str, Any], vocab_size: int | None) -> PolicyCard:
     return card
 
 
-READERS: dict[int, Callable[[dict[str, Any], int | None], PolicyCard]] = {1: _read_v1, 2: _read_v2}
+# --- version 3 ---------------------------------------------------------------------------
+
+
+def _vision(raw: Mapping[str, Any], cameras: tuple[CameraInput, ...]) -> VisionEncoder | None:
+    entry = raw.get("vision")
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise _Invalid(f"policy.json field 'vision' must be an object, got {type(entry).__name__}")
+    known = set(VisionEncoder.__dataclass_fields__)
+    unknown = sorted(set(entry) - known)
+    if unknown:
+        raise _Invalid(f"policy.json vision has unknown fields {unknown}; it takes {sorted(known)}")
+    try:
+        vision = VisionEncoder(**entry)
+    except TypeError as exc:
+        raise _Invalid(f"policy.json vision is incomplete: {exc}") from None
+    problem = vision.problem()
+    if problem:
+        raise _Invalid(f"policy.json {problem}")
+    if not cameras:
+        raise _Invalid("policy.json has a vision encoder but no cameras; list the cameras it sees")
+    for camera in cameras:
+        if camera.size != (vision.image_size, vision.image_size):
+            raise _Invalid(f"policy.json camera {camera.name!r} is {camera.height}x{camera.width} but the vision "
+                           f"encoder takes {vision.image_size}x{vision.image_size} images; make every camera "
+                           "that size")
+    return vision
+
+
+def _read_v3(raw: dict[str, Any], vocab_size: int | None) -> PolicyCard:
+    """Version 2's fields, plus the optional ``vision`` (and the ``signed`` scale)."""
+    card = _read_v2(raw, vocab_size)
+    card.vision = _vision(raw, card.cameras)
+    return card
+
+
+READERS: dict[int, Callable[[dict[str, Any], int | None], PolicyCard]] = {1: _read_v1, 2: _read_v2, 3: _read_v3}
 """``format_version`` → the reader of that version: ``reader(raw, vocab_size)`` → the current :class:`PolicyCard`."""

@@ -7,6 +7,13 @@ LM, plus its card::
       config.json              Hugging Face config (its vocab_size bounds the token ranges)
       model.safetensors        weights (or model.safetensors.index.json + shards)
       policy.json              the card (policy_format/card.py)
+      vision.safetensors       vision policies: encoder + projector (the card's vision.weights)
+      model.safetensors.index.json   vision policies: names model.safetensors as the LM's only file
+
+A vision policy's second safetensors file sits next to the language model's, so the
+directory carries an index (:func:`write_lm_index`) mapping every LM tensor to
+``model.safetensors``: loaders that take every ``*.safetensors`` in a directory unless an
+index says otherwise (vLLM) then leave the vision weights alone.
 
 :func:`load_checkpoint` validates all of it and returns a :class:`PolicyCheckpoint`: the
 card, the tokenizer built from it, the model's vocabulary size and the checkpoint's
@@ -20,11 +27,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from policy_format.card import FILENAME, PolicyCard, PolicyFormatError
 from policy_format.tokens import PolicyTokenizer
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+INDEX_FILE = "model.safetensors.index.json"
 
 
 class CheckpointError(PolicyFormatError):
@@ -84,5 +93,31 @@ def load_checkpoint(directory: str | Path) -> PolicyCheckpoint:
         card = PolicyCard.from_json(raw, source=where, vocab_size=vocab_size)
     except PolicyFormatError as exc:
         raise CheckpointError(str(exc)) from None
+    if card.vision is not None:
+        if not (directory / card.vision.weights).is_file():
+            raise CheckpointError(f"{where}: policy.json's vision.weights names {card.vision.weights}, which is not "
+                                  "there; copy the whole checkpoint (trainer export writes both weight files)")
+        index = _read_index(directory)
+        if index is None or card.vision.weights in set(index.get("weight_map", {}).values()):
+            raise CheckpointError(f"{where}: a vision policy needs {INDEX_FILE} naming model.safetensors as the "
+                                  "language model's file (else vLLM loads the vision weights into it); re-export "
+                                  "with trainer export")
     return PolicyCheckpoint(directory=directory, card=card, tokenizer=card.tokenizer(), vocab_size=vocab_size,
                             checkpoint_sha256=checkpoint_digest(directory))
+
+
+def _read_index(directory: Path) -> dict[str, Any] | None:
+    try:
+        index = json.loads((directory / INDEX_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return index if isinstance(index, dict) and isinstance(index.get("weight_map"), dict) else None
+
+
+def write_lm_index(directory: str | Path, tensor_names: list[str], total_size: int) -> Path:
+    """Write ``model.safetensors.index.json`` mapping every LM tensor to ``model.safetensors``."""
+    path = Path(directory) / INDEX_FILE
+    path.write_text(json.dumps({"metadata": {"total_size": int(total_size)},
+                                "weight_map": {name: "model.safetensors" for name in sorted(tensor_names)}},
+                               indent=2) + "\n")
+    return path

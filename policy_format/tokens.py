@@ -9,8 +9,15 @@ one function, :meth:`PolicyTokenizer.sequence`::
     [task, s_1 … s_D, a(t)_1 … a(t)_A … a(t+H−1)_A]     a training sequence (H = chunk_size)
 
 and the model generates the ``H × A`` action tokens row by row (row 0's ``A`` values,
-then row 1's …). Vision policies will insert image rows between the task token and the
-state tokens; they extend this module and the card, not a copy of either.
+then row 1's …). Vision policies insert ``image_len`` image rows between the task token
+and the state tokens (``tokens_per_image`` per camera, cameras in card order)::
+
+    [task, img_1 … img_N, s_1 … s_D, a(t)_1 … ]
+
+The id sequence holds :data:`IMAGE_PLACEHOLDER_ID` at image positions
+(:attr:`PolicyTokenizer.image_slice`); the trainer and the engines replace those
+positions' embeddings with the projected image features, so the placeholder's own
+embedding is never used.
 
 **Binning** is uniform between per-dimension bounds, ``bins`` bins for every dimension::
 
@@ -37,6 +44,8 @@ from numpy.typing import ArrayLike
 
 # the trainer rounds a model's vocabulary up to a multiple of this (a friendlier matrix size)
 VOCAB_MULTIPLE = 64
+IMAGE_PLACEHOLDER_ID = 0
+"""The id at image-row positions of a vision policy's sequences (its embedding is replaced, never read)."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +196,7 @@ class PolicyTokenizer:
     """
 
     def __init__(self, task_ids: Mapping[str, int], state: StateTokenizer, action: ActionTokenizer,
-                 chunk_size: int, layout: TokenLayout) -> None:
+                 chunk_size: int, layout: TokenLayout, *, image_len: int = 0) -> None:
         if not task_ids:
             raise ValueError("a policy needs at least one task")
         if type(chunk_size) is not int or chunk_size < 1:
@@ -196,8 +205,14 @@ class PolicyTokenizer:
         """Task name → its token id, in the card's task order."""
         self.state, self.action, self.chunk_size, self.layout = state, action, chunk_size, layout
         self.state_dim, self.action_dim = state.dim, action.dim
-        self.prompt_len = 1 + state.dim
-        """Tokens in a prompt: the task token and one per state dimension."""
+        if type(image_len) is not int or image_len < 0:
+            raise ValueError(f"image_len must be an integer ≥ 0, got {image_len!r}")
+        self.image_len = image_len
+        """Image rows in a prompt (0: a state-only policy)."""
+        self.image_slice = slice(1, 1 + image_len)
+        """Where the image rows are in a prompt (and a training sequence)."""
+        self.prompt_len = 1 + image_len + state.dim
+        """Tokens in a prompt: the task token, the image rows and one per state dimension."""
         self.action_len = chunk_size * action.dim
         """Action tokens generated per inference (one chunk): ``chunk_size × action_dim``."""
         self.seq_length = self.prompt_len + self.action_len
@@ -220,7 +235,7 @@ class PolicyTokenizer:
             raise KeyError(f"task {task!r} is not one of this policy's tasks {self.tasks}") from None
 
     def sequence(self, task: str | Sequence[str], state: ArrayLike, actions: ArrayLike | None = None) -> np.ndarray:
-        """int64 token ids ``[task, s_1 … s_D]`` — a prompt — and, given ``actions``, the action chunk after them.
+        """int64 token ids ``[task, images…, s_1 … s_D]`` — a prompt — and, given ``actions``, the action chunk.
 
         The one builder of prompts (the policy server) and training sequences (the trainer).
         Leading dimensions batch: ``state`` is ``[..., D]``, ``task`` one name or one name per
@@ -237,7 +252,9 @@ class PolicyTokenizer:
             if tasks.size != int(np.prod(lead)):
                 raise ValueError(f"{tasks.size} tasks for {int(np.prod(lead))} states")
             out[..., 0] = tasks.reshape(lead)
-        self.state.encode(states, out=out[..., 1:self.prompt_len])
+        if self.image_len:
+            out[..., self.image_slice] = IMAGE_PLACEHOLDER_ID
+        self.state.encode(states, out=out[..., 1 + self.image_len:self.prompt_len])
         if actions is not None:
             chunk = np.asarray(actions)
             if chunk.shape != (*lead, self.chunk_size, self.action_dim):

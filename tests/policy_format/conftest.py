@@ -14,7 +14,8 @@ V1_PACKED = DATA / "policy-v1-packed.json"
 V1_HAND_LAID = DATA / "policy-v1-hand-laid.json"
 V2_CAMERAS = DATA / "policy-v2-cameras.json"
 V2_STATE_ONLY = DATA / "policy-v2-state-only.json"
-EVERY_VERSION = (V1_PACKED, V1_HAND_LAID, V2_CAMERAS, V2_STATE_ONLY)
+V3_VISION = DATA / "policy-v3-vision.json"
+EVERY_VERSION = (V1_PACKED, V1_HAND_LAID, V2_CAMERAS, V2_STATE_ONLY, V3_VISION)
 
 
 @pytest.fixture(scope="session")

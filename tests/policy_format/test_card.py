@@ -1,5 +1,5 @@
 """policy.json: every format version loads, writing is byte-compatible, bad cards and checkpoints are refused;
-cameras (version 2)."""
+cameras (version 2); vision encoders (version 3)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from policy_format import (
     PolicyCard,
     PolicyFormatError,
     TokenLayout,
+    VisionEncoder,
     load_checkpoint,
 )
 from tests.policy_format.conftest import (
@@ -27,6 +28,7 @@ from tests.policy_format.conftest import (
     V1_PACKED,
     V2_CAMERAS,
     V2_STATE_ONLY,
+    V3_VISION,
 )
 from tests.policy_server.conftest import ACTION_DIM, CHUNK, STATE_DIM, TASKS
 
@@ -51,7 +53,7 @@ CAMERAS = (CameraInput("corner", 96, 96), CameraInput("gripper", 64, 80, resize=
 
 
 def test_every_format_version_has_a_file_here_and_every_file_loads():
-    assert sorted(READERS) == [1, 2] and FORMAT_VERSION == max(READERS)
+    assert sorted(READERS) == [1, 2, 3] and FORMAT_VERSION == max(READERS)
     versions = {json.loads(path.read_text())["format_version"] for path in EVERY_VERSION}
     assert versions == set(READERS)
     for path in EVERY_VERSION:
@@ -89,14 +91,61 @@ def test_version_1_with_a_hand_laid_layout_loads_as_the_v1_server_read_it():
     assert again.layout == card.layout and again.task_ids == card.task_ids
 
 
-def test_writing_is_byte_for_byte_what_version_2_wrote(tmp_path):
-    assert packed_card().write(tmp_path).read_bytes() == V2_STATE_ONLY.read_bytes()
-    assert packed_card(cameras=list(CAMERAS)).write(tmp_path).read_bytes() == V2_CAMERAS.read_bytes()
+def _as_v3(path) -> str:
+    text = path.read_text()
+    return text.replace('"format_version": 1', '"format_version": 3').replace('"format_version": 2',
+                                                                            '"format_version": 3')
+
+
+VISION = VisionEncoder(image_size=16, patch_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=2)
+VISION_CAMERAS = (CameraInput("corner", 16, 16, scale="signed"), CameraInput("gripper", 16, 16, scale="signed"))
+
+
+def test_writing_is_byte_for_byte_what_earlier_versions_wrote_but_for_the_version(tmp_path):
+    assert packed_card().write(tmp_path).read_text() == _as_v3(V2_STATE_ONLY)
+    assert packed_card(cameras=list(CAMERAS)).write(tmp_path).read_text() == _as_v3(V2_CAMERAS)
     (tmp_path / "again").mkdir()
-    assert PolicyCard.read(V2_CAMERAS).write(tmp_path / "again").read_bytes() == V2_CAMERAS.read_bytes()
-    # a version-1 file written again is version 2 without cameras: only its version changes
-    assert PolicyCard.read(V1_PACKED).write(tmp_path / "again").read_bytes() == V2_STATE_ONLY.read_bytes()
+    assert PolicyCard.read(V2_CAMERAS).write(tmp_path / "again").read_text() == _as_v3(V2_CAMERAS)
+    # a version-1 file written again is the current version without cameras: only its version changes
+    assert PolicyCard.read(V1_PACKED).write(tmp_path / "again").read_text() == _as_v3(V2_STATE_ONLY)
     assert V2_STATE_ONLY.read_text() == V1_PACKED.read_text().replace('"format_version": 1', '"format_version": 2')
+    assert packed_card(cameras=VISION_CAMERAS, vision=VISION).write(tmp_path).read_bytes() == V3_VISION.read_bytes()
+
+
+def test_version_3_vision_puts_image_rows_between_task_and_state():
+    card = PolicyCard.read(V3_VISION)
+    assert card.vision == VISION and card.cameras == VISION_CAMERAS
+    assert VISION.tokens_per_image == 4 and card.image_len == 8
+    tok = card.tokenizer()
+    state_only = PolicyCard.read(V2_STATE_ONLY).tokenizer()
+    prompt, plain = tok.prompt("push-v3", STATES[1]), state_only.prompt("push-v3", STATES[1])
+    assert tok.prompt_len == len(prompt) == 1 + 8 + 3 and tok.image_slice == slice(1, 9)
+    assert prompt[0] == plain[0] and prompt[9:] == plain[1:] and prompt[1:9] == [0] * 8
+    seq = tok.sequence(["reach-v3", "push-v3"], STATES[:2], np.zeros((2, 2, 2)))
+    assert seq.shape == (2, tok.seq_length) and tok.seq_length == 12 + 4
+    for version in (V1_PACKED, V2_CAMERAS, V2_STATE_ONLY):
+        assert PolicyCard.read(version).vision is None and PolicyCard.read(version).image_len == 0
+
+
+BAD_VISION = {
+    "no cameras": ({"cameras": []}, "vision encoder but no cameras"),
+    "camera size": ({"cameras": [{"name": "corner", "height": 16, "width": 24}]},
+                    "camera 'corner' is 16x24 but the vision encoder takes 16x16"),
+    "patch": ({"vision": {**VISION.to_json(), "patch_size": 5}}, "multiple of vision.patch_size"),
+    "unknown field": ({"vision": {**VISION.to_json(), "depth": 2}}, r"unknown fields \['depth'\]"),
+    "missing field": ({"vision": {"image_size": 16}}, "vision is incomplete"),
+    "weights": ({"vision": {**VISION.to_json(), "weights": "model.safetensors"}}, "vision.weights must name"),
+    "feature layer": ({"vision": {**VISION.to_json(), "feature_layer": -3}}, "feature_layer must be"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_VISION))
+def test_bad_vision_sections_are_refused_naming_the_problem(name):
+    changes, pattern = BAD_VISION[name]
+    raw = {**json.loads(V3_VISION.read_text()), **changes}
+    with pytest.raises(PolicyFormatError, match=pattern):
+        PolicyCard.from_json(raw)
 
 
 def test_version_2_cameras_load_in_order_and_version_1_has_none():
@@ -124,7 +173,7 @@ BAD_CAMERAS = {
     "too wide": ([_camera_entry(width=4097)], "from 1 to 4096, got \\[96, 4097\\]"),
     "float size": ([_camera_entry(width=96.0)], "must be integers"),
     "resize": ([_camera_entry(resize="bicubic")], "resize 'bicubic' is not one of bilinear, nearest"),
-    "scale": ([_camera_entry(scale="imagenet")], "scale 'imagenet' is not one of unit"),
+    "scale": ([_camera_entry(scale="imagenet")], "scale 'imagenet' is not one of unit, signed"),
     "too many": ([_camera_entry(name=f"c{i}") for i in range(17)], "17 cameras; a policy takes at most 16"),
 }
 
@@ -159,11 +208,11 @@ def test_provenance_gains_the_source_commit_unless_it_has_one(tmp_path):
 
 def test_an_unknown_version_is_refused_naming_the_versions_this_code_reads(tmp_path):
     raw = json.loads(V1_PACKED.read_text())
-    raw["format_version"] = 3
+    raw["format_version"] = 4
     path = tmp_path / "policy.json"
     path.write_text(json.dumps(raw))
-    with pytest.raises(PolicyFormatError, match=r"policy\.json: policy\.json format_version 3 is not supported; "
-                                                r"this EvalForge reads version 1, 2"):
+    with pytest.raises(PolicyFormatError, match=r"policy\.json: policy\.json format_version 4 is not supported; "
+                                                r"this EvalForge reads version 1, 2, 3"):
         PolicyCard.read(path)
 
 
