@@ -31,6 +31,7 @@ from services.store.statuses import (
     EpisodeStatus,
     EvaluationStatus,
     PolicyProtocol,
+    RecordMode,
     inference_label,
 )
 
@@ -152,6 +153,18 @@ class PolicyCreate(_Request):
                                    "actions per reply (informational; replies are checked by shape).")
     revision: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")] | None = Field(
         None, description="Names the checkpoint where the server has no sha256 (part of its leaderboard identity).")
+    replicas: list[Endpoint] = Field(default_factory=list, max_length=64, description=(
+        "More servers of the same checkpoint (replicas): each must answer the same handshake (same checkpoint "
+        "sha256 or revision), else 409. Workers spread episodes over `endpoint` and these and fail over between "
+        "them. `POST /policies/{id}/endpoints` adds one later."))
+
+
+class PolicyEndpointCreate(_Request):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"endpoint": "ws://gpu-4:8000/ws"}]})
+
+    endpoint: Endpoint = Field(description=(
+        "Another server of the policy's checkpoint (a replica), e.g. `ws://gpu-4:8000/ws`: its handshake must "
+        "name the same checkpoint sha256 (or revision) as the policy, else 409."))
 
 
 class PolicySummary(_PolicyLabel, _Response):
@@ -199,6 +212,8 @@ class PolicyOut(PolicySummary):
     """One policy, with the tasks its server announced."""
 
     tasks: list[str]
+    endpoints: list[str] = Field(default_factory=list, description=(
+        "Every server of the policy: `endpoint` first, then its replicas; workers spread episodes over them."))
     observation_keys: dict[str, str] | None = Field(None, description=(
         "Where its server reads each canonical field (None: the protocol's defaults)."))
     server_info: dict[str, Any] | None = Field(None, description="What the server said at registration.")
@@ -271,6 +286,10 @@ class EvaluationCreate(_Request):
         "declares cameras must get those, at its sizes."))
     inference: InferenceSettings = Field(default_factory=InferenceSettings, description=(
         "Inference settings (default: execute each whole chunk, no ensembling)."))
+    record: Literal["none", "first", "failures", "all"] = Field("none", description=(
+        "Episodes to record as a LeRobot v3 dataset (state, actions, camera videos, success; "
+        "`GET /evaluations/{id}/dataset`): `none`, `first` (each task's first episode), `failures` (those that "
+        "ran out of steps) or `all`. Changes no outcome and is not part of the protocol."))
 
     @field_validator("tasks")
     @classmethod
@@ -366,6 +385,7 @@ class EvaluationOut(_Response):
     inference: InferenceSettings = Field(default_factory=InferenceSettings)
     protocol: ProtocolOut | None = Field(None, description=(
         "The protocol that produced its numbers; null for evaluations made before protocols were recorded."))
+    record: RecordMode = Field(RecordMode.NONE, description="Which episodes are recorded for its dataset.")
     tags: list[str]
     status: EvaluationStatus
     episodes_total: int
@@ -435,6 +455,9 @@ class EpisodeOut(_Response):
         "null for other simulators and for episodes not run or recorded before renderers were."))
     initial_state_index: int | None = Field(None, description=(
         "For suites whose seeds pick one of a fixed set of initial states (LIBERO's official ones): which."))
+    recording_path: str | None = Field(None, description=(
+        "Its rollout recording (the evaluation's `record` kept it), relative to the workers' `ARTIFACT_ROOT`; "
+        "`GET /evaluations/{id}/dataset` joins them into a LeRobot dataset. Null when not recorded."))
     attempts: int
     worker_id: str | None
     worker_host: str | None = Field(None, description=(

@@ -65,6 +65,8 @@ from services.store.models import (
     EvaluationTag,
     FailureReason,
     Policy,
+    PolicyEndpoint,
+    RecordMode,
     UtcDateTime,
     Worker,
     utcnow,
@@ -128,7 +130,8 @@ def create_policy(session: Session, *, name: str, version: str, endpoint: str, c
                     checkpoint_sha256=checkpoint_sha256, revision=revision, state_dim=state_dim,
                     action_dim=action_dim, chunk_size=chunk_size, tasks=list(tasks), cameras=camera_sizes(cameras),
                     observation_keys=dict(observation_keys) if observation_keys else None,
-                    server_info=dict(server_info) if server_info else None, created_by_key_id=created_by_key_id)
+                    server_info=dict(server_info) if server_info else None, created_by_key_id=created_by_key_id,
+                    replicas=[])  # loaded (empty), so a detached new policy still lists its endpoints
     session.add(policy)
     try:
         session.commit()
@@ -143,6 +146,46 @@ def update_policy_endpoint(session: Session, policy: Policy, endpoint: str) -> P
     policy.endpoint = endpoint
     session.commit()
     return policy
+
+
+def add_policy_endpoint(session: Session, policy: Policy, endpoint: str, *,
+                        created_by_key_id: int | None = None) -> bool:
+    """Add ``endpoint`` as a replica of ``policy`` (the caller checked its handshake); False when
+    the policy already has it (its first endpoint or a replica), True when added."""
+    if endpoint in policy.endpoints:
+        session.rollback()
+        return False
+    session.add(PolicyEndpoint(policy_id=policy.id, endpoint=endpoint, created_by_key_id=created_by_key_id))
+    try:
+        session.commit()
+    except IntegrityError:  # a concurrent request added the same one first
+        session.rollback()
+        session.refresh(policy)
+        return False
+    session.refresh(policy)
+    return True
+
+
+def remove_policy_endpoint(session: Session, policy: Policy, endpoint: str) -> bool:
+    """Remove replica ``endpoint`` of ``policy``; False when it is not one (its first endpoint never is)."""
+    removed = session.execute(delete(PolicyEndpoint).where(PolicyEndpoint.policy_id == policy.id,
+                                                           PolicyEndpoint.endpoint == endpoint)).rowcount
+    session.commit()
+    session.refresh(policy)
+    return bool(removed)
+
+
+def policy_endpoints_of_evaluation(session: Session, evaluation_id: int) -> list[str]:
+    """Every endpoint of the policy an evaluation runs: its first one, then its replicas in order."""
+    first = session.scalar(select(Policy.endpoint).join(Evaluation, Evaluation.policy_id == Policy.id)
+                           .where(Evaluation.id == evaluation_id))
+    replicas = session.scalars(select(PolicyEndpoint.endpoint)
+                               .join(Evaluation, Evaluation.policy_id == PolicyEndpoint.policy_id)
+                               .where(Evaluation.id == evaluation_id).order_by(PolicyEndpoint.id)).all()
+    session.rollback()
+    if first is None:
+        return []
+    return [first, *(e for e in replicas if e != first)]
 
 
 def get_policy(session: Session, policy_id: int) -> Policy | None:
@@ -192,7 +235,7 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
                       created_by_key_id: int | None = None,
                       cameras: Mapping[str, Sequence[int]] | None = None,
                       inference: Mapping[str, Any] | None = None, protocol: Mapping[str, Any] | None = None,
-                      definition_hash: str | None = None) -> CreatedEvaluation:
+                      definition_hash: str | None = None, record: str = "none") -> CreatedEvaluation:
     """Insert an evaluation, owned by API key ``created_by_key_id``, and all its ``pending``
     episode rows in one transaction.
 
@@ -205,7 +248,8 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
     ``inference`` its inference settings (``action_horizon``, ``temporal_ensemble``);
     ``protocol`` the record of what produces its numbers (``provenance.build_protocol``) and
     ``definition_hash`` its suite's ``Suite.definition_hash()`` (its leaderboard version), both
-    written in the same transaction as the episodes.
+    written in the same transaction as the episodes. ``record`` (``RecordMode``) names the episodes
+    its workers record for a LeRobot dataset (``services/workers/recording.py``).
     """
     if not episodes:
         raise ValueError("an evaluation needs at least one episode")
@@ -224,7 +268,7 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
         idempotency_key=idempotency_key, request_sha256=request_sha256, episodes_total=len(episodes),
         created_by_key_id=created_by_key_id, cameras=camera_sizes(cameras),
         inference=dict(inference) if inference else null(),  # SQL NULL (not JSON null): the defaults
-        protocol=dict(protocol) if protocol else null(), definition_hash=definition_hash, created_at=now, tag_rows=[EvaluationTag(tag=tag) for tag in sorted(set(tags))])
+        protocol=dict(protocol) if protocol else null(), definition_hash=definition_hash, record=RecordMode(record).value, created_at=now, tag_rows=[EvaluationTag(tag=tag) for tag in sorted(set(tags))])
     session.add(evaluation)
     try:
         session.flush()
@@ -330,6 +374,13 @@ def list_episodes(session: Session, evaluation_id: int, *, after_index: int | No
     if status is not None:
         query = query.where(Episode.status == status)
     return list(session.scalars(query))
+
+
+def recorded_episodes(session: Session, evaluation_id: int) -> list[Episode]:
+    """An evaluation's episodes that have a rollout recording (``recording_path``), in index order."""
+    return list(session.scalars(select(Episode).where(Episode.evaluation_id == evaluation_id,
+                                                      Episode.recording_path.is_not(None))
+                                .order_by(Episode.episode_index)))
 
 
 def iter_episodes(session: Session, evaluation_id: int, *, status: str | None = None,
@@ -465,7 +516,8 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
                    failure_reason: FailureReason | str | None = None, error_message: str | None = None,
                    artifact_path: str | None = None, simulator_versions: Mapping[str, str] | None = None,
                    initial_state_index: int | None = None, worker_host: str | None = None,
-                   renderer: str | None = None, now: datetime | None = None) -> bool:
+                   renderer: str | None = None, recording_path: str | None = None,
+                   now: datetime | None = None) -> bool:
     """Record an episode's result once; True when written, False when it was already terminal.
 
     ``success=False`` without a ``failure_reason`` means the episode ran out of steps.
@@ -473,7 +525,8 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
     ``simulator_versions``: ``{package: version}`` of the simulator it ran on;
     ``initial_state_index``: the fixed initial state its seed picked, for suites that have them;
     ``worker_host``: the host name of the worker that played it; ``renderer``: what rendered its
-    frames (``MUJOCO_GL``'s backend for MuJoCo simulators).
+    frames (``MUJOCO_GL``'s backend for MuJoCo simulators); ``recording_path``: its rollout recording
+    (``services/workers/recording.py``), relative to ``ARTIFACT_ROOT``.
     """
     reason = FailureReason(failure_reason).value if failure_reason is not None else None
     if success and reason is not None:
@@ -484,7 +537,7 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
         .values(status=(EpisodeStatus.SUCCEEDED if success else EpisodeStatus.FAILED).value, success=success,
                 total_return=total_return, steps=steps, duration_s=duration_s, latency_mean_ms=latency_mean_ms,
                 latency_p95_ms=latency_p95_ms, failure_reason=reason, error_message=error_message,
-                artifact_path=artifact_path, finished_at=now, lease_expires_at=None,
+                artifact_path=artifact_path, recording_path=recording_path, finished_at=now, lease_expires_at=None,
                 simulator_versions=dict(simulator_versions) if simulator_versions else null(),
                 initial_state_index=initial_state_index, worker_host=worker_host, renderer=renderer)
         .returning(Episode.id).execution_options(synchronize_session=False)).first()

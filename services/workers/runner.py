@@ -53,7 +53,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, ValuesView
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -92,7 +92,9 @@ from services.store.models import (
 from services.workers import recording
 from services.workers.cameras import observing_policy
 from services.workers.replays import ReplayRecorder, replay_camera, save_replay
+from services.workers.replicas import play_on_replicas, policy_endpoints
 from services.workers.settings import WorkerSettings
+from services.workers.store_retry import is_store_outage, retry_while_store_down
 
 log = logging.getLogger("evalforge.workers.runner")
 
@@ -382,9 +384,19 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
         nonlocal last_beat
         if time.monotonic() - last_beat < settings.heartbeat_s:
             return
-        with session_factory() as session:
-            if not queries.extend_lease(session, episode_id, worker_id, settings.lease_s):
-                raise LeaseLost(f"episode {episode_id} is no longer held by {worker_id}")
+        try:
+            with session_factory() as session:
+                held = queries.extend_lease(session, episode_id, worker_id, settings.lease_s)
+        except Exception as exc:
+            if not is_store_outage(exc):
+                raise
+            # The store is restarting: keep playing (the result is written once it is back); if the
+            # lease expires meanwhile and another worker takes the episode, the next beat says so.
+            log.warning("episode %d: heartbeat skipped, the store is unreachable (%s)", episode_id,
+                        str(exc).splitlines()[0][:200])
+            held = True
+        if not held:
+            raise LeaseLost(f"episode {episode_id} is no longer held by {worker_id}")
         last_beat = time.monotonic()
 
     def on_step(step: int) -> None:
@@ -403,7 +415,13 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
         check_endpoint(job.endpoint)  # EVALFORGE_POLICY_HOSTS as it is now, not when the policy was registered
         for retry in range(settings.policy_retries + 1):
             try:
-                result = _play(job, settings, clock, on_step, recorders, rollouts)
+                # On the least busy healthy replica; a lost server fails over to the others at once
+                # (services/workers/replicas.py), so only a try that lost every replica lands below.
+                result = play_on_replicas(
+                    policy_endpoints(session_factory, job.evaluation_id, job.endpoint),
+                    lambda endpoint: _play(replace(job, endpoint=endpoint), settings, clock, on_step, recorders,
+                                           rollouts), _PolicyRetryable,
+                    down_s=settings.policy_backoff_s, max_down_s=settings.policy_backoff_max_s)
                 reason, message = None, None
                 break
             except _PolicyRetryable as exc:
@@ -438,7 +456,7 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
     except EndpointRefused as exc:
         reason, message = FailureReason.ENDPOINT_REFUSED, f"not connecting to {job.endpoint}: {exc}"
     except CheckpointMismatch as exc:
-        client = _clients.pop(_client_key(job), None)
+        client = _clients.pop(_client_key(replace(job, endpoint=getattr(exc, "endpoint", job.endpoint))), None)
         if client is not None:
             client.close()
         reason, message = FailureReason.CHECKPOINT_MISMATCH, str(exc)
@@ -456,16 +474,25 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
                                                   episode_index=job.episode_index, seed=job.seed,
                                                   success=result.success)
     family = get_suite(job.suite).simulator
-    with session_factory() as session:
-        written = queries.finish_episode(
-            session, episode_id, success=result.success and reason is None, total_return=result.total_return,
-            steps=result.steps, duration_s=result.duration_s, latency_mean_ms=result.latency_mean_ms,
-            latency_p95_ms=result.latency_p95_ms, failure_reason=reason,
-            error_message=message[:2000] if message else None, artifact_path=artifact_path,
-            recording_path=recording_path,
-            simulator_versions=simulator_versions(family), renderer=renderer(family),
-            initial_state_index=_initial_state_index(job), worker_host=socket.gethostname())
-        finalised = queries.finalize_evaluation_if_done(session, job.evaluation_id)
+    wrote: list[bool | None] = [None]  # finish_episode's answer, kept if finalising then fails
+
+    def write_result() -> bool:
+        with session_factory() as session:
+            if wrote[0] is None:
+                wrote[0] = queries.finish_episode(
+                    session, episode_id, success=result.success and reason is None, total_return=result.total_return,
+                    steps=result.steps, duration_s=result.duration_s, latency_mean_ms=result.latency_mean_ms,
+                    latency_p95_ms=result.latency_p95_ms, failure_reason=reason,
+                    error_message=message[:2000] if message else None, artifact_path=artifact_path,
+                    recording_path=recording_path,
+                    simulator_versions=simulator_versions(family), renderer=renderer(family),
+                    initial_state_index=_initial_state_index(job), worker_host=socket.gethostname())
+            return queries.finalize_evaluation_if_done(session, job.evaluation_id)
+
+    # A store that is restarting does not lose the episode: the result is written once it is back.
+    finalised = retry_while_store_down(write_result, what=f"episode {episode_id}'s result",
+                                       budget_s=settings.store_retry_s, sleep=sleep)
+    written = bool(wrote[0])
     if not written:
         return RunResult(episode_id, "superseded", attempts=job.attempts, finalised=finalised,
                          detail="the episode was closed by someone else meanwhile")

@@ -50,6 +50,10 @@ class WorkerSettings(BaseSettings):
     pending_after_s: float = Field(300.0, gt=0, description=(
         "A `pending` episode this old is re-enqueued (its broker message may have been lost)."))
     sweep_every_s: float = Field(30.0, gt=0, description="Seconds between two sweeps.")
+    # The store restarting.
+    store_retry_s: float = Field(300.0, ge=0, description=(
+        "How long a worker keeps an episode's result and retries writing it while the database is unreachable "
+        "(then the lease expires and the sweeper runs the episode again)."))
 
 
 settings = WorkerSettings()

@@ -25,10 +25,12 @@ from services.eval_api.schemas import (
     MAX_ID,
     Page,
     PolicyCreate,
+    PolicyEndpointCreate,
     PolicyOut,
     PolicySummary,
     error_responses,
 )
+from services.eval_api.settings import ApiSettings
 from services.protocol.adapters import ServerInfo, check_observation_keys
 from services.store import queries
 from services.store.models import Policy
@@ -172,6 +174,23 @@ async def register_policy(body: PolicyCreate, request: Request, response: Respon
     sessions: sessionmaker[Session] = request.app.state.session_factory
     keys = _observation_keys(body)
     await run_in_threadpool(_preflight, sessions, body, caller)
+    info = _check_registration(body, await _handshake(request, settings, body.endpoint, body.protocol, keys))
+    replicas = [e for e in dict.fromkeys(body.replicas) if e != body.endpoint]
+    for endpoint in replicas:
+        _check_replica(body.name, info.checkpoint_sha256, info.revision, endpoint,
+                       await _handshake(request, settings, endpoint, body.protocol, keys))
+    policy, created = await run_in_threadpool(_store_registration, sessions, body, info, caller)
+    if replicas:
+        policy = await run_in_threadpool(_store_replicas, sessions, policy.id, replicas, caller)
+    response.status_code = 201 if created else 200
+    response.headers["Location"] = f"/policies/{policy.id}"
+    return policy
+
+
+async def _handshake(request: Request, settings: ApiSettings, endpoint: str, protocol: str,
+                     keys: dict[str, str] | None) -> ServerInfo:
+    """The handshake of the server at ``endpoint``, read in one of the app's registration slots (503
+    when none frees up in time), with no database session open; 422 when it does not answer."""
     slots = _registration_slots(request.app, settings.max_concurrent_registrations)
     try:
         with anyio.fail_after(settings.registration_wait_s):
@@ -184,20 +203,109 @@ async def register_policy(body: PolicyCreate, request: Request, response: Respon
                        f"{retry_after} s (nothing was stored)", headers={"Retry-After": str(retry_after)}) from None
     try:
         # In a thread of its own limiter, so waiting handshakes never take the threads reads run on.
-        info: ServerInfo = await anyio.to_thread.run_sync(
-            request.app.state.read_handshake, body.endpoint, settings.policy_handshake_timeout_s, body.protocol,
+        return await anyio.to_thread.run_sync(
+            request.app.state.read_handshake, endpoint, settings.policy_handshake_timeout_s, protocol,
             keys, limiter=request.app.state.handshake_threads)
     except HandshakeFailed as exc:
-        fix = ("start the policy server (`policy-server --checkpoint DIR`)" if body.protocol == "evalforge"
-               else f"start the {body.protocol} server, or check `protocol`")
+        fix = ("start the policy server (`policy-server --checkpoint DIR`)" if protocol == "evalforge"
+               else f"start the {protocol} server, or check `protocol`")
         raise ApiError(422, "policy_unreachable", f"{exc}; {fix} or correct `endpoint`") from exc
     finally:
         slots.release()
-    info = _check_registration(body, info)
-    policy, created = await run_in_threadpool(_store_registration, sessions, body, info, caller)
-    response.status_code = 201 if created else 200
+
+
+def _served(checkpoint_sha256: str | None, revision: str | None) -> str:
+    return checkpoint_sha256 or revision or "an unnamed checkpoint"
+
+
+def _check_replica(name: str, checkpoint_sha256: str | None, revision: str | None, endpoint: str,
+                   replica: ServerInfo) -> None:
+    """409 unless the server at ``endpoint`` serves the policy's checkpoint: the same sha256 where
+    either side names one, else the same revision (a server that names neither is taken at the
+    registration's word, as at registration)."""
+    replica_revision = replica.revision or revision
+    if checkpoint_sha256 is not None or replica.checkpoint_sha256 is not None:
+        same = checkpoint_sha256 == replica.checkpoint_sha256
+    else:
+        same = revision == replica_revision
+    if not same:
+        raise ApiError(409, "replica_mismatch",
+                       f"the replica {endpoint} of policy {name!r} serves checkpoint "
+                       f"{_served(replica.checkpoint_sha256, replica_revision)[:12]}…, not the policy's "
+                       f"{_served(checkpoint_sha256, revision)[:12]}…: every replica must serve the same "
+                       "checkpoint; start it from the policy's checkpoint, or register it as another version",
+                       {"endpoint": endpoint})
+
+
+def _store_replicas(sessions: sessionmaker[Session], policy_id: int, endpoints: list[str],
+                    caller: ApiCaller) -> Policy:
+    with sessions() as session:
+        policy = queries.get_policy(session, policy_id)
+        if policy is None:
+            raise ApiError(404, "not_found", f"policy {policy_id} was deleted meanwhile; register it again")
+        new = [e for e in endpoints if e not in policy.endpoints]
+        if new and not caller.owns(policy.created_by_key_id):
+            raise _not_owner(policy, new[0])
+        for endpoint in new:
+            queries.add_policy_endpoint(session, policy, endpoint, created_by_key_id=caller.key_id)
+        return policy
+
+
+def _owned_policy(sessions: sessionmaker[Session], policy_id: int, caller: ApiCaller, endpoint: str) -> Policy:
+    with sessions() as session:
+        policy = queries.get_policy(session, policy_id)
+        if policy is None:
+            raise ApiError(404, "not_found", f"no policy with id {policy_id}; GET /policies lists them")
+        if not caller.owns(policy.created_by_key_id):
+            raise _not_owner(policy, endpoint)
+        return policy
+
+
+@router.post("/{policy_id}/endpoints", status_code=201, response_model=PolicyOut,
+             responses={200: {"model": PolicyOut, "description": "The policy already has this endpoint"},
+                        **error_responses(401, 403, 404, 409, 413, 422, 503)})
+async def add_policy_endpoint(policy_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: PolicyEndpointCreate,
+                              request: Request, response: Response, settings: SettingsDep,
+                              caller: WriteKeyDep) -> Policy:
+    """Add a replica: another server of the policy's checkpoint.
+
+    The API reads the server's handshake: it must name the checkpoint sha256 (or, for servers
+    without one, the revision) the policy was registered with, else 409 `replica_mismatch`.
+    Workers then spread the policy's episodes over all its endpoints (the least busy first),
+    and an endpoint that stops answering has its episodes retried on the others. Only the key
+    that registered the policy, or an admin key, may add one (403). An endpoint the policy
+    already has answers 200.
+    """
+    sessions: sessionmaker[Session] = request.app.state.session_factory
+    policy = await run_in_threadpool(_owned_policy, sessions, policy_id, caller, body.endpoint)
     response.headers["Location"] = f"/policies/{policy.id}"
+    if body.endpoint in policy.endpoints:
+        response.status_code = 200
+        return policy
+    info = await _handshake(request, settings, body.endpoint, policy.protocol, policy.observation_keys)
+    _check_replica(policy.name, policy.checkpoint_sha256, policy.revision, body.endpoint, info)
+    policy = await run_in_threadpool(_store_replicas, sessions, policy.id, [body.endpoint], caller)
     return policy
+
+
+@router.delete("/{policy_id}/endpoints", response_model=PolicyOut,
+               responses=error_responses(401, 403, 404, 409, 422))
+def remove_policy_endpoint(policy_id: Annotated[int, Path(ge=1, le=MAX_ID)],
+                           endpoint: Annotated[str, Query(min_length=6, max_length=2000)], request: Request,
+                           caller: WriteKeyDep) -> Policy:
+    """Remove a replica (`?endpoint=ws://…`); the policy's first endpoint cannot be removed (409: move it by
+    registering the policy again at another endpoint). Episodes running on it finish there."""
+    sessions: sessionmaker[Session] = request.app.state.session_factory
+    policy = _owned_policy(sessions, policy_id, caller, endpoint)
+    if endpoint == policy.endpoint:
+        raise ApiError(409, "first_endpoint", f"{endpoint} is policy {policy_id}'s first endpoint, which cannot be "
+                       "removed; register the policy again at another endpoint to move it")
+    with sessions() as session:
+        policy = queries.get_policy(session, policy_id)
+        if policy is None or not queries.remove_policy_endpoint(session, policy, endpoint):
+            raise ApiError(404, "not_found", f"policy {policy_id} has no replica {endpoint}; GET /policies/"
+                           f"{policy_id} lists its endpoints")
+        return policy
 
 
 @router.get("", response_model=Page[PolicySummary], responses=error_responses(401, 403, 422))
