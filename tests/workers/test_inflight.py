@@ -43,11 +43,12 @@ STEPS = 40  # ten inferences of a 4-action chunk per episode
 def start_inflight_worker(pg_database, tmp_path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
-    def start(redis_url: str, name: str, in_flight: int, **overrides: object) -> WorkerProcess:
+    def start(redis_url: str, name: str, in_flight: int, simulators: str = "metaworld",
+              **overrides: object) -> WorkerProcess:
         log_path = tmp_path / f"worker-{name}.log"
         worker = WorkerProcess(
             [sys.executable, "-m", "services.cli", "worker", "--episodes-in-flight", str(in_flight),
-             "--hostname", f"{name}@%h", "--log-level", "info", "--simulators", "metaworld"],
+             "--hostname", f"{name}@%h", "--log-level", "info", "--simulators", simulators],
             log_path, health=lambda: "ready." in log_path.read_text(errors="replace"), cwd=REPO,
             env=worker_env(pg_database, redis_url, **overrides), grace_s=15, startup_timeout_s=60)
         started.append(worker)

@@ -1,0 +1,391 @@
+"""The control plane's ceiling: episode completions/s through API → broker → workers → PostgreSQL.
+
+    .venv/bin/python bench/control_plane.py [--episodes 600] [--workers 1,2,4,8] [--in-flight 1,8]
+        [--brokers redis,embedded] [--rounds 2] [--submit 100000]
+
+Nothing but plumbing: the ``null`` suite (``benchmarks/null.py``: a zero state, 10 steps, a
+seeded success) against ``policy-server --engine null`` (zero actions at once, no model), so an
+episode is three policy round trips and its bookkeeping — the claim, the job read, the result,
+the finalisation check, the broker message.
+
+1. a scratch PostgreSQL database (migrated, dropped at the end), the null policy (``trainer
+   init-policy --suite null``, under ``runs/bench-control-plane``), one ``policy-server --engine
+   null``, and per broker one ``evalforge api`` subprocess: **redis** (``BENCH_REDIS_URL``, a queue
+   name of this run's own) and **embedded** (``EVALFORGE_BROKER_URL=filesystem:///…``, what
+   ``evalforge up`` uses without Redis);
+2. for every (broker, worker processes W, ``--episodes-in-flight`` N): W ``evalforge worker
+   --episodes-in-flight N --simulators null`` subprocesses (log level warning: at info Celery
+   writes two lines per task), warmed up by an untrained evaluation of 2·W·N episodes; then
+   ``POST /evaluations`` of ``--episodes`` episodes and wait for it to be finalised. The
+   configurations take turns (``--rounds`` rounds over all of them, ABAB), so a change in the
+   load of the shared machine hits them alike; each cell sums its rounds;
+3. completions/s = episodes / (the evaluation's first claim → its last result), from the rows'
+   own timestamps, and end to end (``created_at`` → ``finished_at``, with the insert and enqueue);
+4. where the time goes: the CPU seconds per episode of each process group over the timed runs
+   (workers, API, policy server, PostgreSQL's backends, Redis; psutil), and, in this process, the
+   wall time of each step one at a time (claim + job read, result, finalisation check, publishing
+   one message, one policy round trip);
+5. ``--submit K``: one ``POST /evaluations`` of K null episodes on Redis with no worker running:
+   the 202's latency and the time until all K messages are in Redis (the queue's length).
+
+Prints one table; the figures go to docs/benchmarks.md ("Control plane").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+import redis
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from eval_api import REDIS_URL, create_database, drop_database  # noqa: E402  (bench/eval_api.py)
+
+from services.queue import CeleryEpisodeQueue, embedded_broker_url, queue_name  # noqa: E402
+from services.store import migrate, queries  # noqa: E402
+from services.store.api_keys import create_api_key  # noqa: E402
+from services.store.db import create_db_engine, make_session_factory  # noqa: E402
+from services.store.models import Episode, Evaluation  # noqa: E402
+from services.supervisor import ChildProcess, PolicyServerProcess, free_port  # noqa: E402
+
+SUITE, TASK = "null", "null"
+RUN_DIR = REPO / "runs" / "bench-control-plane"
+CHECKPOINT = RUN_DIR / "null-policy"
+
+
+@dataclass
+class Cell:
+    """One (broker, workers, in flight) configuration, summed over its rounds."""
+
+    broker: str
+    workers: int
+    in_flight: int
+    episodes: int = 0
+    steady_s: float = 0.0  # first claim → last result
+    end_to_end_s: float = 0.0  # POST (created_at) → finalised
+    cpu_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    harness_failures: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.episodes / self.steady_s if self.steady_s else 0.0
+
+    @property
+    def rate_end_to_end(self) -> float:
+        return self.episodes / self.end_to_end_s if self.end_to_end_s else 0.0
+
+
+def ensure_null_policy() -> Path:
+    if not (CHECKPOINT / "policy.json").exists():
+        subprocess.run([sys.executable, "-m", "trainer.cli", "init-policy", "--suite", SUITE, "--out",
+                        str(CHECKPOINT), "--force"], cwd=REPO, check=True, capture_output=True)
+    return CHECKPOINT
+
+
+class Broker:
+    """One broker under test, and the API process that publishes to it."""
+
+    def __init__(self, kind: str, database_url: str, log_dir: Path) -> None:
+        self.kind = kind
+        self.queue = f"episodes-cp-{secrets.token_hex(4)}"
+        self.env = {**os.environ, "DATABASE_URL": database_url, "EVALFORGE_EPISODE_QUEUE": self.queue,
+                    "EVALFORGE_REPLAY_EPISODES": "0", "PYTHONUNBUFFERED": "1"}
+        if kind == "redis":
+            self.env["REDIS_URL"] = REDIS_URL
+            self.url = REDIS_URL
+        else:
+            self.dir = Path(tempfile.mkdtemp(prefix="evalforge-cp-broker-"))
+            self.url = embedded_broker_url(self.dir)
+            self.env["EVALFORGE_BROKER_URL"] = self.url
+            self.env.pop("REDIS_URL", None)
+        self.log_dir = log_dir
+        self.api: ChildProcess | None = None
+        self.base = ""
+
+    def start_api(self, max_episodes: int) -> None:
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        env = {**self.env, "EVALFORGE_MAX_EPISODES_PER_EVALUATION": str(max_episodes),
+               "EVALFORGE_MAX_QUEUED_EPISODES": str(max(2 * max_episodes, 100_000))}
+        self.api = ChildProcess([sys.executable, "-m", "services.cli", "api", "--port", str(port), "--log-level",
+                                 "warning"], self.log_dir / f"api-{self.kind}-{port}.log", health=f"{self.base}/readyz",
+                                env=env, cwd=REPO, startup_timeout_s=60).start().wait_healthy()
+
+    def stop(self) -> None:
+        if self.api is not None:
+            self.api.stop()
+        if self.kind == "redis":
+            broker = redis.Redis.from_url(REDIS_URL)
+            keys = broker.keys(f"*{self.queue}*")
+            if keys:
+                broker.delete(*keys)
+
+
+class Fleet:
+    """W worker processes with N episodes in flight each on one broker."""
+
+    def __init__(self, broker: Broker, workers: int, in_flight: int) -> None:
+        self.processes: list[ChildProcess] = []
+        env = {**broker.env, "EVALFORGE_DB_POOL_SIZE": str(in_flight + 2), "EVALFORGE_DB_MAX_OVERFLOW": "2"}
+        for i in range(workers):
+            log_path = broker.log_dir / f"worker-{broker.kind}-{in_flight}-{i}-{secrets.token_hex(2)}.log"
+            process = ChildProcess(
+                [sys.executable, "-m", "services.cli", "worker", "--episodes-in-flight", str(in_flight),
+                 "--simulators", "null", "--log-level", "warning", "--hostname", f"cp{i}-{in_flight}@%h"],
+                log_path, env=env, cwd=REPO, grace_s=20, startup_timeout_s=60)
+            self.processes.append(process.start())
+
+    def shrink(self, workers: int) -> None:
+        while len(self.processes) > workers:
+            self.processes.pop().stop()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes if p.pid is not None]
+
+    def stop(self) -> None:
+        self.shrink(0)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of these processes and their children, now."""
+    total = 0.0
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            for p in [process, *process.children(recursive=True)]:
+                times = p.cpu_times()
+                total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def named_pids(name: str) -> list[int]:
+    found = []
+    for p in psutil.process_iter(["name"]):
+        if (p.info["name"] or "").startswith(name):
+            found.append(p.pid)
+    return found
+
+
+def submit(client: httpx.Client, policy_id: int, episodes: int, seed: int) -> int:
+    response = client.post("/evaluations", json={"policy_id": policy_id, "suite": SUITE, "episodes_per_task": episodes,
+                                                 "seed": seed, "tags": ["bench-control-plane"]})
+    assert response.status_code == 202, response.text[:500]
+    return response.json()["id"]
+
+
+def wait_finished(sessions: sessionmaker[Session], evaluation_id: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with sessions() as session:
+            if session.scalar(select(Evaluation.finished_at).where(Evaluation.id == evaluation_id)) is not None:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"evaluation {evaluation_id} did not finish in {timeout_s:.0f} s; worker logs are "
+                               f"under {RUN_DIR}")
+        time.sleep(0.1)
+
+
+def timed_run(client: httpx.Client, sessions: sessionmaker[Session], policy_id: int, episodes: int, seed: int,
+              groups: dict[str, list[int]], into: Cell) -> None:
+    before = {name: cpu_seconds(pids) for name, pids in groups.items()}
+    evaluation_id = submit(client, policy_id, episodes, seed)
+    wait_finished(sessions, evaluation_id, 60 + episodes / 5)
+    after = {name: cpu_seconds(pids) for name, pids in groups.items()}
+    with sessions() as session:
+        evaluation = session.get(Evaluation, evaluation_id)
+        first, last, failed = session.execute(
+            select(func.min(Episode.started_at), func.max(Episode.finished_at),
+                   func.count().filter(Episode.failure_reason.is_not(None)))
+            .where(Episode.evaluation_id == evaluation_id)).one()
+    into.episodes += episodes
+    into.steady_s += (last - first).total_seconds()
+    into.end_to_end_s += (evaluation.finished_at - evaluation.created_at).total_seconds()
+    into.harness_failures += failed
+    for name in groups:
+        into.cpu_s[name] += after[name] - before[name]
+
+
+def step_costs(sessions: sessionmaker[Session], policy_id: int, server_url: str, broker_url: str,
+               n: int = 300) -> dict[str, float]:
+    """Wall ms of each bookkeeping step, one at a time in this process (no contention)."""
+    from services.protocol.client import PolicyClient
+    from services.workers import runner
+
+    with sessions() as session:
+        specs = [queries.EpisodeSpec(task=TASK, seed=2_000_000 + i, max_steps=10) for i in range(n)]
+        created = queries.create_evaluation(session, policy_id=policy_id, suite=SUITE, tasks=[TASK],
+                                            episodes_per_task=n, seed=0, max_steps=None, standard=False, tags=[],
+                                            episodes=specs)
+        evaluation_id, ids = created.evaluation.id, created.episode_ids
+    costs: dict[str, list[float]] = defaultdict(list)
+    for episode_id in ids:
+        start = time.perf_counter()
+        with sessions() as session:
+            assert queries.claim_episode(session, episode_id, "bench", 60.0, max_attempts=3)
+            runner._load_job(session, episode_id)
+        costs["claim + job read"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with sessions() as session:
+            queries.finish_episode(session, episode_id, success=True, total_return=1.0, steps=10, duration_s=0.001,
+                                   simulator_versions={"evalforge": "0"}, worker_host="bench")
+            mid = time.perf_counter()
+            queries.finalize_evaluation_if_done(session, evaluation_id)
+        costs["result write"].append(mid - start)
+        costs["finalisation check"].append(time.perf_counter() - mid)
+    queue = CeleryEpisodeQueue(broker_url, queue=f"episodes-cp-costs-{secrets.token_hex(3)}")
+    start = time.perf_counter()
+    queue.enqueue(list(range(n)))
+    costs["publish one message (batch of 300)"] = [(time.perf_counter() - start) / n]
+    broker = redis.Redis.from_url(broker_url)
+    broker.delete(*broker.keys(f"*{queue.queue}*") or [queue.queue])
+    client = PolicyClient(server_url)
+    obs = {"state": __import__("numpy").zeros(4, dtype="float32"), "task": TASK}
+    client.infer(obs)
+    for _ in range(n):
+        start = time.perf_counter()
+        client.infer(obs)
+        costs["policy round trip (null engine)"].append(time.perf_counter() - start)
+    client.close()
+    return {name: statistics.median(values) * 1e3 for name, values in costs.items()}
+
+
+def measure_submission(broker: Broker, client: httpx.Client, policy_id: int, episodes: int) -> tuple[float, float]:
+    """(seconds to the 202, seconds until every message is in Redis) for one evaluation of ``episodes``."""
+    store = redis.Redis.from_url(REDIS_URL)
+    key = queue_name("null", broker.queue)
+    start = time.perf_counter()
+    response = client.post("/evaluations", json={"policy_id": policy_id, "suite": SUITE, "episodes_per_task": episodes,
+                                                 "seed": 5_000_000, "tags": ["bench-control-plane-submit"]},
+                           timeout=600)
+    accepted = time.perf_counter() - start
+    assert response.status_code == 202, response.text[:500]
+    deadline = time.monotonic() + 600
+    while store.llen(key) < episodes:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {store.llen(key)} of {episodes} messages reached Redis in 600 s")
+        time.sleep(0.05)
+    queued = time.perf_counter() - start
+    store.delete(key)
+    return accepted, queued
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=600, help="episodes per timed evaluation (default 600)")
+    parser.add_argument("--workers", default="1,2,4,8", help="worker process counts (default 1,2,4,8)")
+    parser.add_argument("--in-flight", default="1,8", help="--episodes-in-flight values (default 1,8)")
+    parser.add_argument("--brokers", default="redis,embedded", help="redis, embedded or both (default both)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds over all configurations (default 2)")
+    parser.add_argument("--submit", type=int, default=100_000, help=(
+        "episodes of the one submission timed on Redis with no worker running (0: skip; default 100000)"))
+    args = parser.parse_args()
+    workers = sorted({int(w) for w in args.workers.split(",")}, reverse=True)
+    in_flight = [int(n) for n in args.in_flight.split(",")]
+    brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
+    if min(workers) < 1 or min(in_flight) < 1 or not set(brokers) <= {"redis", "embedded"}:
+        raise SystemExit("--workers and --in-flight take counts ≥ 1; --brokers takes redis and/or embedded")
+
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    checkpoint = ensure_null_policy()
+    database_url = create_database()
+    server = PolicyServerProcess(checkpoint, "--engine", "null", "--log-level", "warning", log_dir=RUN_DIR)
+    live = {kind: Broker(kind, database_url, RUN_DIR) for kind in brokers}
+    cells = {(b, w, n): Cell(b, w, n) for b in brokers for n in in_flight for w in workers}
+    submission: tuple[float, float] | None = None
+    costs: dict[str, float] = {}
+    try:
+        server.start()
+        migrate.upgrade(database_url)
+        engine = create_db_engine(url=database_url)
+        sessions = make_session_factory(engine)
+        with sessions() as session:
+            _, key = create_api_key(session, "bench")
+        for broker in live.values():
+            broker.start_api(max(args.episodes, args.submit, 1))
+        seeds = iter(range(0, 10**9, 10**5))
+        policy_ids = {}
+        for kind, broker in live.items():
+            with httpx.Client(base_url=broker.base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+                response = client.post("/policies", json={"name": f"null-{kind}", "endpoint": server.ws_url})
+                assert response.status_code in (200, 201), response.text[:500]
+                policy_ids[kind] = response.json()["id"]
+        for round_ in range(args.rounds):
+            for kind, broker in live.items():
+                with httpx.Client(base_url=broker.base, headers={"Authorization": f"Bearer {key}"},
+                                  timeout=120) as client:
+                    for n in in_flight:
+                        fleet = Fleet(broker, max(workers), n)
+                        try:
+                            for w in workers:  # most first: shrinking the fleet is cheap, growing is not
+                                fleet.shrink(w)
+                                warm = submit(client, policy_ids[kind], 2 * w * n, next(seeds))
+                                wait_finished(sessions, warm, 120)
+                                groups = {"workers": fleet.pids(), "API": [broker.api.pid],
+                                          "policy server": [server.pid], "PostgreSQL": named_pids("postgres"),
+                                          "Redis": named_pids("redis-server")}
+                                timed_run(client, sessions, policy_ids[kind], args.episodes, next(seeds), groups,
+                                          cells[(kind, w, n)])
+                                cell = cells[(kind, w, n)]
+                                print(f"round {round_ + 1}: {kind}, {w} workers × {n} in flight: "
+                                      f"{cell.rate:.0f} completions/s so far", flush=True)
+                        finally:
+                            fleet.stop()
+        if "redis" in live:
+            costs = step_costs(sessions, policy_ids["redis"], server.ws_url, REDIS_URL)
+            if args.submit:
+                with httpx.Client(base_url=live["redis"].base, headers={"Authorization": f"Bearer {key}"},
+                                  timeout=600) as client:
+                    submission = measure_submission(live["redis"], client, policy_ids["redis"], args.submit)
+        engine.dispose()
+    finally:
+        for broker in live.values():
+            broker.stop()
+        server.stop()
+        drop_database(database_url)
+
+    load = os.getloadavg()
+    print(f"\nControl plane — null suite (10 steps, 3 policy round trips per episode), policy-server --engine null, "
+          f"{args.episodes} episodes per run × {args.rounds} rounds")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; load "
+          f"average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n")
+    names = ["workers", "API", "policy server", "PostgreSQL", "Redis"]
+    print("| broker | worker processes | in flight each | completions/s | end to end /s | CPU ms per episode: "
+          + " | ".join(names) + " | total | harness failures |")
+    print("|---|---:|---:|---:|---:|" + "---:|" * (len(names) + 2))
+    for (kind, w, n), cell in sorted(cells.items(), key=lambda item: (item[0][0] != "redis", item[0][2],
+                                                                        item[0][1])):
+        if not cell.episodes:
+            continue
+        per = {name: cell.cpu_s[name] / cell.episodes * 1e3 for name in names}
+        print(f"| {kind} | {w} | {n} | {cell.rate:.0f} | {cell.rate_end_to_end:.0f} | "
+              + " | ".join(f"{per[name]:.1f}" for name in names)
+              + f" | {sum(per.values()):.1f} | {cell.harness_failures} |")
+    if costs:
+        print("\nOne step at a time (median wall ms, this process, Redis and PostgreSQL on loopback):")
+        for name, ms in costs.items():
+            print(f"- {name}: {ms:.2f} ms")
+    if submission is not None:
+        print(f"\nSubmitting {args.submit:,} episodes (Redis, no workers): 202 after {submission[0]:.2f} s; all "
+              f"{args.submit:,} messages in Redis after {submission[1]:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
