@@ -136,7 +136,7 @@ class ReplicaPool:
 
 pool = ReplicaPool()
 """This process's replicas (reset in a forked child)."""
-_endpoints: dict[int, tuple[float, list[str]]] = {}
+_endpoints: dict[tuple[int, str], tuple[float, list[str]]] = {}  # (evaluation, first endpoint) → (read at, endpoints)
 _pid = os.getpid()
 _lock = threading.Lock()
 
@@ -156,7 +156,7 @@ def policy_endpoints(session_factory: sessionmaker[Session], evaluation_id: int,
     _check_fork()
     now = time.monotonic()
     with _lock:
-        cached = _endpoints.get(evaluation_id)
+        cached = _endpoints.get((evaluation_id, first))
     if cached is not None and now - cached[0] < ENDPOINTS_TTL_S:
         return cached[1]
     try:
@@ -177,7 +177,7 @@ def policy_endpoints(session_factory: sessionmaker[Session], evaluation_id: int,
             else:
                 log.warning("not using replica %s: %s", endpoint, exc)
     with _lock:
-        _endpoints[evaluation_id] = (now, allowed)
+        _endpoints[(evaluation_id, first)] = (now, allowed)
         for stale in [k for k, (at, _) in _endpoints.items() if now - at > 10 * ENDPOINTS_TTL_S]:
             del _endpoints[stale]
     return allowed
