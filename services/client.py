@@ -219,11 +219,12 @@ class EvalForgeClient:
                           tasks: list[str] | None = None, max_steps: int | None = None,
                           tags: list[str] | None = None, idempotency_key: str | None = None,
                           cameras: dict[str, tuple[int, int]] | None = None,
-                          inference: dict[str, Any] | None = None) -> EvaluationDetail:
+                          inference: dict[str, Any] | None = None, record: str | None = None) -> EvaluationDetail:
         """Start an evaluation; returns its report (status ``pending``).
 
         ``cameras`` (``{camera: (height, width)}``) overrides the cameras the policy asks for;
-        ``inference`` sets ``action_horizon`` or ``temporal_ensemble`` (default: whole chunks).
+        ``inference`` sets ``action_horizon`` or ``temporal_ensemble`` (default: whole chunks);
+        ``record`` (``none``, ``first``, ``failures``, ``all``) which episodes to record as a dataset.
 
         With ``idempotency_key``, a retry of the same request returns the same evaluation
         instead of starting a second one.
@@ -240,6 +241,8 @@ class EvalForgeClient:
             body["cameras"] = {name: list(size) for name, size in cameras.items()}
         if inference:
             body["inference"] = dict(inference)
+        if record is not None and record != "none":
+            body["record"] = record
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else None
         return EvaluationDetail.model_validate(
             self._request("POST", "/evaluations", json=body, headers=headers).json())
@@ -269,10 +272,17 @@ class EvalForgeClient:
         """Stream every episode of an evaluation, with its provenance, to the binary file ``out``
         as ``format`` (``csv`` or ``jsonl``; services/eval_api/exports.py describes the columns),
         chunk by chunk as the API sends it, never holding it all; returns the bytes written."""
-        path = f"/evaluations/{evaluation_id}/episodes"
+        return self._download(f"/evaluations/{evaluation_id}/episodes", {"format": format}, out)
+
+    def download_dataset(self, evaluation_id: int, out: BinaryIO) -> int:
+        """Stream an evaluation's recorded episodes, a LeRobot v3 dataset in an uncompressed tar, to the
+        binary file ``out``; returns the bytes written (404 ``no_recordings`` when none were recorded)."""
+        return self._download(f"/evaluations/{evaluation_id}/dataset", {}, out)
+
+    def _download(self, path: str, params: dict[str, Any], out: BinaryIO) -> int:
         written = 0
         try:
-            with self._http.stream("GET", path, params={"format": format}) as response:
+            with self._http.stream("GET", path, params=params) as response:
                 if response.is_error:
                     response.read()
                     raise ApiRequestError.from_response(response)

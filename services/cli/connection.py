@@ -9,6 +9,7 @@
     evalforge eval compare A B
     evalforge eval export ID --format csv|jsonl|parquet [--out FILE]
     evalforge eval rerun ID [--watch]
+    evalforge eval dataset ID --out DIR
     evalforge leaderboard --suite S [--include-nonstandard]
 
 Every verb takes ``--api-url`` (default ``$EVALFORGE_API_URL``, else

@@ -7,7 +7,8 @@ progress until it is done, then its per-task results with Wilson 95% intervals.
 the candidate B differs from the baseline A (docs/statistics.md); ``rerun ID``
 submits an evaluation's protocol again and, with --watch, compares the two.
 ``export ID --format csv|jsonl|parquet`` writes every episode with its provenance
-(services/eval_api/exports.py names the columns).
+(services/eval_api/exports.py names the columns). ``submit --record first|failures|all`` records
+episodes; ``dataset ID --out DIR`` writes them as a LeRobot v3 dataset that ``trainer vla`` trains on.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from services.cli.connection import (
     client_verb,
     positive_int,
 )
-from services.store.statuses import EvaluationStatus
+from services.store.statuses import EvaluationStatus, RecordMode
 
 if TYPE_CHECKING:
     from services.client import EvalForgeClient
@@ -59,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "execute the first K actions of each chunk, then ask again (default: the whole chunk)"))
     inference.add_argument("--temporal-ensemble", type=float, metavar="M", help=(
         "ACT's temporal ensembling: a chunk every step, overlapping actions averaged with weights exp(-M·i)"))
+    submit_parser.add_argument("--record", choices=[mode.value for mode in RecordMode], default=RecordMode.NONE.value,
+                               help=("record episodes as a LeRobot dataset (`evalforge eval dataset`): the first "
+                                     "of each task, those that ran out of steps (failures) or all (default: none)"))
     submit_parser.add_argument("--idempotency-key", metavar="KEY",
                                help="retry-safe submission: the same key and request return the same evaluation")
     add_watch_options(submit_parser)
@@ -102,8 +106,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_watch_options(rerun_parser)
     rerun_parser.set_defaults(action_run=client_verb(rerun))
 
+    dataset_parser = actions.add_parser("dataset", help=(
+        "write an evaluation's recorded episodes (submit --record) as a LeRobot v3 dataset"))
+    dataset_parser.add_argument("id", type=positive_int, help="evaluation id")
+    dataset_parser.add_argument("--out", type=Path, required=True, metavar="DIR",
+                                help="the dataset's directory (new, or empty); `trainer vla` trains on it")
+    dataset_parser.set_defaults(action_run=client_verb(dataset))
+
     for action_parser in (submit_parser, status_parser, list_parser, cancel_parser, compare_parser, export_parser,
-                          rerun_parser):
+                          rerun_parser, dataset_parser):
         add_connection_options(action_parser)
         add_json_option(action_parser)
 
@@ -150,7 +161,7 @@ def submit(args: argparse.Namespace, client: EvalForgeClient) -> int:
     cameras = None if args.cameras is None else _camera_sizes(client, args.suite, args.cameras)
     report = client.submit_evaluation(policy.id, args.suite, args.episodes_per_task, seed=args.seed,
                                       tasks=args.tasks, max_steps=args.max_steps, tags=args.tags,
-                                      idempotency_key=args.idempotency_key, cameras=cameras,
+                                      idempotency_key=args.idempotency_key, cameras=cameras, record=args.record,
                                       inference={key: value for key, value in (
                                           ("action_horizon", args.action_horizon),
                                           ("temporal_ensemble", args.temporal_ensemble)) if value is not None})
@@ -282,6 +293,50 @@ def export(args: argparse.Namespace, client: EvalForgeClient) -> int:
         print(json.dumps({"evaluation_id": args.id, "format": args.format, "out": str(out)}))
     else:
         print(f"wrote evaluation {args.id}'s episodes to {out} ({args.format}, {summary})")
+    return 0
+
+
+def dataset(args: argparse.Namespace, client: EvalForgeClient) -> int:
+    """Download evaluation ``args.id``'s recorded episodes as a LeRobot v3 dataset (a tar the API builds)
+    and unpack it into ``--out``, which appears only once complete."""
+    import shutil
+    import tarfile
+    import tempfile
+
+    out: Path = args.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        print(f"evalforge eval dataset: {out} exists and is not an empty directory; pass --out a new one",
+              file=sys.stderr)
+        return 2
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as exc:
+        print(f"evalforge eval dataset: cannot write {out}: {exc.strerror or exc}; pass --out a path in a writable "
+              "folder", file=sys.stderr)
+        return 1
+    try:
+        tar_path = scratch / "dataset.tar"
+        with tar_path.open("wb") as file:
+            size = client.download_dataset(args.id, file)
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(scratch / "dataset", filter="data")  # refuses absolute paths, links out, devices
+        info = json.loads((scratch / "dataset" / "meta" / "info.json").read_text())
+        if out.exists():
+            out.rmdir()
+        os.replace(scratch / "dataset", out)
+    except (OSError, tarfile.TarError, json.JSONDecodeError) as exc:
+        print(f"evalforge eval dataset: cannot write {out}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    summary = {"evaluation_id": args.id, "out": str(out), "episodes": info["total_episodes"],
+               "frames": info["total_frames"], "bytes": size}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"wrote evaluation {args.id}'s {info['total_episodes']} recorded episodes ({info['total_frames']} "
+              f"frames) to {out} (LeRobot v3); train on it with `trainer vla --config RECIPE --data.path {out}`")
     return 0
 
 

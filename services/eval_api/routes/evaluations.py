@@ -1,19 +1,23 @@
-"""``/evaluations``: submit (idempotently), list, read, page through or export episodes, cancel."""
+"""``/evaluations``: submit (idempotently), list, read, page through or export episodes, download the
+recorded rollouts as a LeRobot dataset, cancel."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Header, Path, Query, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.background import BackgroundTask
 
 from benchmarks.simulators import install_hint
 from services.eval_api.admission import check_queue_cap
+from services.eval_api.datasets import DatasetError, NoRecordings, dataset_tar
 from services.eval_api.deps import (
     EpisodeQueueDep,
     MetricsDep,
@@ -121,7 +125,7 @@ def create_evaluation(body: EvaluationCreate, response: Response, background: Ba
             standard=plan.standard, tags=body.tags, episodes=plan.episodes, idempotency_key=idempotency_key,
             request_sha256=_request_sha256(body) if idempotency_key is not None else None,
             created_by_key_id=caller.key_id, cameras=plan.cameras, inference=plan.inference,
-            protocol=plan.protocol, definition_hash=plan.definition_hash)
+            protocol=plan.protocol, definition_hash=plan.definition_hash, record=body.record)
     except queries.IdempotencyConflict as exc:
         raise ApiError(409, "idempotency_conflict", str(exc), {"evaluation_id": exc.evaluation_id}) from exc
     evaluation = created.evaluation
@@ -214,6 +218,28 @@ def _export(session_factory: sessionmaker[Session], evaluation: Evaluation, expo
                              media_type=export_format.media_type, headers={
                                  "Content-Disposition":
                                      f'attachment; filename="{filename(evaluation.id, export_format)}"'})
+
+
+@router.get("/{evaluation_id}/dataset", response_class=FileResponse,
+            responses={200: {"content": {"application/x-tar": {}},
+                             "description": "The recorded episodes as a LeRobot v3 dataset, in a tar."},
+                       **error_responses(401, 403, 404, 422)})
+def download_dataset(evaluation_id: EvaluationId, session: SessionDep, settings: SettingsDep,
+                     _read: ReadAccessDep) -> FileResponse:
+    """The episodes its `record` mode kept, as one LeRobot v3 dataset (state, actions, camera videos,
+    success, task text) that `trainer vla` trains on, in an uncompressed tar of the dataset's files
+    (services/eval_api/datasets.py). Built from the recordings present now: a running evaluation gives
+    those recorded so far. 404 `no_recordings` when there are none."""
+    evaluation = _get_or_404(session, evaluation_id)
+    rows = queries.recorded_episodes(session, evaluation_id)
+    try:
+        tar_path, scratch = dataset_tar(evaluation, rows, settings.artifact_root)
+    except NoRecordings as exc:
+        raise ApiError(404, "no_recordings", str(exc)) from exc
+    except DatasetError as exc:
+        raise ApiError(404, "recording_unavailable", str(exc)) from exc
+    return FileResponse(tar_path, media_type="application/x-tar", filename=f"evaluation-{evaluation_id}-dataset.tar",
+                        background=BackgroundTask(shutil.rmtree, scratch, ignore_errors=True))
 
 
 @router.post("/{evaluation_id}/cancel", response_model=EvaluationDetail,
