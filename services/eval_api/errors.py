@@ -7,8 +7,11 @@ error, the existing evaluation of an idempotency conflict). Handlers here cover
 our own ``ApiError``, request validation, Starlette's HTTP errors (404 route, 405),
 a store that cannot take more right now (SQLite's "database is locked" after its
 busy timeout, a PostgreSQL pool with no free connection: 503 with ``Retry-After``,
-never 500) and, last, any unexpected exception (500, logged, with no internals in
-the body).
+never 500), a store that cannot be reached (a PostgreSQL server restarting: refused or
+dropped connections, "the database system is shutting down"; 503 ``store_unavailable``
+with ``Retry-After``, answered as soon as the connection attempt fails — the pool
+pre-pings, and the first request after the restart reconnects) and, last, any
+unexpected exception (500, logged, with no internals in the body).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -33,6 +36,8 @@ _CODES_BY_STATUS = {
 
 
 STORE_BUSY_RETRY_AFTER_S = 2
+STORE_UNAVAILABLE_RETRY_AFTER_S = 5
+"""``Retry-After`` (seconds) of a 503 from a store that cannot be reached (restarting)."""
 """``Retry-After`` (seconds) of a 503 from a store that is too busy to take the request now."""
 _STORE_BUSY_MESSAGES = ("database is locked", "database table is locked")
 
@@ -42,6 +47,15 @@ def store_busy(exc: BaseException) -> bool:
     if isinstance(exc, PoolTimeout):
         return True
     return isinstance(exc, OperationalError) and any(m in str(exc.orig) for m in _STORE_BUSY_MESSAGES)
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database server cannot be reached now: a connection that was refused or
+    dropped (SQLAlchemy invalidated it), or any PostgreSQL operational error (psycopg's: connection
+    failures, an administrator's shutdown, a server in recovery) — not a broken query, which is a bug."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, OperationalError) and type(exc.orig).__module__.startswith("psycopg")
 
 
 class ApiError(Exception):
@@ -125,6 +139,13 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status_code, code, message, headers=getattr(exc, "headers", None))
 
     async def _store_error(request: Request, exc: Exception) -> JSONResponse:
+        if store_unavailable(exc) and not store_busy(exc):
+            log.warning("store unavailable in %s %s: %s", request.method, request.url.path,
+                        str(getattr(exc, "orig", exc)).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+            return error_response(503, "store_unavailable", "the results store cannot be reached right now (it may "
+                                  f"be restarting); retry after {STORE_UNAVAILABLE_RETRY_AFTER_S} s (a submission "
+                                  "sent with an Idempotency-Key is safe to retry: it never runs twice)",
+                                  headers={"Retry-After": str(STORE_UNAVAILABLE_RETRY_AFTER_S)})
         if not store_busy(exc):
             return await _unexpected(request, exc)
         log.warning("store busy in %s %s: %s", request.method, request.url.path, exc)
@@ -132,6 +153,7 @@ def install_error_handlers(app: FastAPI) -> None:
                               f"this request now; retry after {STORE_BUSY_RETRY_AFTER_S} s (nothing was stored)",
                               headers={"Retry-After": str(STORE_BUSY_RETRY_AFTER_S)})
 
+    app.add_exception_handler(DBAPIError, _store_error)
     app.add_exception_handler(OperationalError, _store_error)
     app.add_exception_handler(PoolTimeout, _store_error)
 

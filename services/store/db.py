@@ -46,8 +46,11 @@ def create_db_engine(settings: StoreSettings | None = None, *, url: str | None =
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed, settings)
     if parsed.get_backend_name() == "postgresql":
+        # Pre-pinged: after a server restart the first checkout of each dead pooled connection
+        # reconnects instead of failing the request that drew it.
         return create_engine(parsed, pool_size=settings.pool_size, max_overflow=settings.max_overflow,
-                             pool_timeout=settings.pool_timeout_s, pool_pre_ping=True, echo=settings.echo)
+                             pool_timeout=settings.pool_timeout_s, pool_pre_ping=True, echo=settings.echo,
+                             connect_args={"connect_timeout": settings.connect_timeout_s})
     raise ValueError(f"DATABASE_URL {parsed.render_as_string(hide_password=True)!r} names backend "
                      f"{parsed.get_backend_name()!r}; the store supports postgresql (psycopg 3) and sqlite")
 

@@ -26,6 +26,9 @@ class StoreSettings(BaseSettings):
     pool_size: int = Field(10, ge=1, description="PostgreSQL: connections kept open per process.")
     max_overflow: int = Field(20, ge=0, description="PostgreSQL: extra connections allowed under bursts.")
     pool_timeout_s: float = Field(10.0, gt=0, description="PostgreSQL: wait this long for a free connection.")
+    connect_timeout_s: int = Field(5, ge=1, description=(
+        "PostgreSQL: give up connecting after this many seconds (a server that is down or unreachable "
+        "answers the API's requests with a 503 within this time, not a hang)."))
     sqlite_busy_timeout_s: float = Field(
         30.0, gt=0, description="SQLite: how long a writer waits for the file lock before failing.")
     echo: bool = Field(False, description="Log every SQL statement (debugging).")

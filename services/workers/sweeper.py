@@ -14,7 +14,10 @@ Each sweep (``sweep_once``):
   (a worker died in between).
 
 ``evalforge sweeper`` runs ``run_forever`` (one sweeper process is enough; two are
-safe, only wasteful).
+safe, only wasteful). While the database is unreachable it waits: each failed sweep is one
+warning line, and the next sweep after the store is back does the work (leases that expired
+during the outage are re-enqueued then; a worker that kept playing finishes them first or
+finds them superseded).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from services.queue import CeleryEpisodeQueue, EpisodeQueue
 from services.store import queries
 from services.store.models import utcnow
 from services.workers.settings import WorkerSettings
+from services.workers.store_retry import is_store_outage
 
 log = logging.getLogger("evalforge.workers.sweeper")
 
@@ -92,8 +96,12 @@ class Sweeper:
         while not stop():
             try:
                 self.sweep_once()
-            except Exception:
-                log.exception("sweep failed; trying again in %.0f s", self.settings.sweep_every_s)
+            except Exception as exc:
+                if is_store_outage(exc):  # a restarting database: wait for it, no traceback per sweep
+                    log.warning("sweep skipped, the store is unreachable (%s); trying again in %.0f s",
+                                str(exc).splitlines()[0][:200], self.settings.sweep_every_s)
+                else:
+                    log.exception("sweep failed; trying again in %.0f s", self.settings.sweep_every_s)
             time.sleep(self.settings.sweep_every_s)
 
 
