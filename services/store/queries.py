@@ -755,6 +755,8 @@ def leaderboard(session: Session, suite: str, *, definition_hash: str | None = N
     Rate: pooled successes / pooled scored, with the Wilson 95% interval of those counts. Ties go
     to more episodes (the higher Wilson lower bound), then to the earlier latest result.
     Each entry after the first carries ``versus_above`` (``NeighbourDifference``).
+    Four queries whatever the number of entries (pools, policies, contributing evaluations, their
+    episodes' outcomes), the last split per ``OUTCOME_BATCH`` evaluations.
     """
     conditions = [Evaluation.suite == suite, *leaderboard_eligibility(include_nonstandard=include_nonstandard)]
     if definition_hash is not None:
@@ -778,11 +780,15 @@ def leaderboard(session: Session, suite: str, *, definition_hash: str | None = N
             select(Evaluation.id, Evaluation.policy_id, Evaluation.inference)
             .where(*conditions, Evaluation.policy_id.in_(policy_ids)).order_by(Evaluation.id)):
         contributors.setdefault((policy_id, _inference_key(inference)), []).append(evaluation_id)
+    # Every ranked pool's scored outcomes in one pass (a query per OUTCOME_BATCH evaluations, not one per entry).
+    pool_of = {evaluation_id: rank for rank, (policy_id, inference, *_) in enumerate(pools)
+               for evaluation_id in contributors[(policy_id, _inference_key(inference))]}
+    pool_outcomes = _scored_outcomes_by_pool(session, pool_of)
     entries: list[LeaderboardEntry] = []
     above_outcomes: dict[tuple[str, int], list[bool]] | None = None
     for rank, (policy_id, inference, pooled_scored, pooled_succeeded, finished_at) in enumerate(pools, start=1):
         evaluation_ids = contributors[(policy_id, _inference_key(inference))]
-        outcomes = _scored_outcomes(session, evaluation_ids)
+        outcomes = pool_outcomes.get(rank - 1, {})
         versus_above = None
         if above_outcomes is not None:
             above = entries[-1]
@@ -803,18 +809,27 @@ def _inference_key(inference: Mapping[str, Any] | None) -> str:
     return json.dumps(dict(inference or {}), sort_keys=True)
 
 
-def _scored_outcomes(session: Session, evaluation_ids: Sequence[int]) -> dict[tuple[str, int], list[bool]]:
-    """(task, seed) → success of each scored episode (``aggregates.is_scored``) of the evaluations, in
-    evaluation then episode order (a seed run twice has two)."""
-    outcomes: dict[tuple[str, int], list[bool]] = {}
-    rows = session.execute(
-        select(Episode.task, Episode.seed, Episode.status, Episode.failure_reason)
-        .where(Episode.evaluation_id.in_(evaluation_ids),
-               Episode.status.in_((EpisodeStatus.SUCCEEDED.value, EpisodeStatus.FAILED.value)))
-        .order_by(Episode.evaluation_id, Episode.episode_index))
-    for task, seed, status, failure_reason in rows:
-        if is_scored(status, failure_reason):
-            outcomes.setdefault((task, seed), []).append(status == EpisodeStatus.SUCCEEDED.value)
+OUTCOME_BATCH = 1000  # evaluations per query when the leaderboard reads its pools' episode outcomes
+
+
+def _scored_outcomes_by_pool(session: Session, pool_of: Mapping[int, int]
+                             ) -> dict[int, dict[tuple[str, int], list[bool]]]:
+    """pool → (task, seed) → success of each scored episode (``aggregates.is_scored``) of the pool's
+    evaluations (``pool_of``: evaluation id → pool), in evaluation then episode order (a seed run twice has
+    two). One query per ``OUTCOME_BATCH`` evaluations, whatever the number of pools."""
+    outcomes: dict[int, dict[tuple[str, int], list[bool]]] = {}
+    evaluation_ids = sorted(pool_of)
+    succeeded = EpisodeStatus.SUCCEEDED.value  # read once: an enum member's .value is slow in a loop of 10⁵ rows
+    for start in range(0, len(evaluation_ids), OUTCOME_BATCH):
+        rows = session.execute(
+            select(Episode.evaluation_id, Episode.task, Episode.seed, Episode.status, Episode.failure_reason)
+            .where(Episode.evaluation_id.in_(evaluation_ids[start:start + OUTCOME_BATCH]),
+                   Episode.status.in_((EpisodeStatus.SUCCEEDED.value, EpisodeStatus.FAILED.value)))
+            .order_by(Episode.evaluation_id, Episode.episode_index))
+        for evaluation_id, task, seed, status, failure_reason in rows:
+            if is_scored(status, failure_reason):
+                pool = outcomes.setdefault(pool_of[evaluation_id], {})
+                pool.setdefault((task, seed), []).append(status == succeeded)
     return outcomes
 
 
