@@ -38,6 +38,15 @@ with the sequential path.
 
 Targets: per-episode overhead ≤ 10% over the sequential loop at 1 worker; the success
 rates of both paths agree for the same seeds.
+
+**Episodes in flight** (``--in-flight 1,4,8,16``, issue #23): instead of the paths above, one
+``evalforge worker --episodes-in-flight N`` process per N, each on a queue of its own, all
+against the one vLLM server; every block creates an evaluation of the same evaluation seeds per
+N in the store and enqueues it on that N's queue, the N taking turns block by block (ABAB).
+Each worker first plays 2·N untimed warm-up episodes (its N simulators built, its N connections
+open). Prints episodes/min per N and its ratio to N = 1, the mean episode time and policy round
+trip, the server's mean engine batch size during the N's blocks (from its ``/metrics``), and
+whether per-seed outcomes agree with N = 1. Target: ≥ 3× the episodes/min of N = 1.
 """
 
 from __future__ import annotations
@@ -249,9 +258,17 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=20, help=(
         "episodes per block; the paths take turns block by block, so a change in machine load hits all of "
         "them alike (default 20)"))
+    parser.add_argument("--in-flight", metavar="N[,N...]", help=(
+        "compare one worker process at these --episodes-in-flight values (e.g. 1,4,8,16) instead of the "
+        "sequential and worker-count paths"))
     args = parser.parse_args()
     if args.episodes < 1 or args.block < 1:
         raise SystemExit("--episodes and --block must be at least 1")
+    if args.in_flight:
+        from eval_in_flight import in_flight_main  # bench/eval_in_flight.py
+
+        in_flight_main(args)
+        return
     try:
         worker_counts = [int(w) for w in args.workers.split(",")]
     except ValueError:
