@@ -8,16 +8,23 @@ any field can be overridden.
 ``--cameras corner,gripper`` makes the card declare those cameras (format version 2),
 at ``--image-size`` (``96`` for 96×96, or ``HxW``) or, with ``--suite``, at the suite's
 default size for each camera; the policy server then asks for and checks those images.
-The model stays a state-only language model: the vision encoder comes with vision
-policies, so the images are validated on the path but not yet seen by the model.
+Without ``--vision`` the model stays a state-only language model: the images are
+validated on the path but not seen by the model.
+
+``--vision`` makes a vision policy (policy.json format version 3): a random SigLIP vision
+tower (``--patch-size``, ``--vision-width``, ``--vision-layers``, ``--vision-heads``) and
+LLaVA projector in ``vision.safetensors`` (``trainer/vision.py``), cameras scaled to
+[-1, 1], square at ``--image-size`` (the encoder's), and ``model.safetensors.index.json``
+naming the language model's file. The prompt gains one row per patch per camera.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-from policy_format import CameraInput, PolicyCard, PolicyFormatError
+from policy_format import CameraInput, PolicyCard, PolicyFormatError, VisionEncoder, write_lm_index
 
 PRESETS = {
     # hidden, layers, heads, kv heads, intermediate
@@ -44,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cameras", help="comma-separated cameras the policy takes (default: none, state only)")
     parser.add_argument("--image-size", type=image_size, metavar="N|HxW",
                         help="size of every camera's images: N for NxN or HxW (default: the suite's camera sizes)")
+    parser.add_argument("--vision", action="store_true",
+                        help="a vision policy: a SigLIP encoder + projector sees the cameras (needs --cameras)")
+    parser.add_argument("--patch-size", type=int, default=8, help="vision: patch side, pixels")
+    parser.add_argument("--vision-width", type=int, default=64, help="vision: encoder hidden size")
+    parser.add_argument("--vision-layers", type=int, default=2, help="vision: encoder layers")
+    parser.add_argument("--vision-heads", type=int, default=2, help="vision: encoder attention heads")
     parser.add_argument("--name", help="policy name (default: the output directory's name)")
     parser.add_argument("--force", action="store_true", help="overwrite an existing checkpoint")
 
@@ -109,6 +122,9 @@ def run(args: argparse.Namespace) -> Path:
     if len(set(tasks)) != len(tasks) or not tasks:
         raise SystemExit(f"trainer init-policy: --tasks must name distinct tasks, got {tasks}")
     cameras = camera_inputs(args.suite, args.cameras, args.image_size)
+    vision = vision_encoder(args, cameras) if getattr(args, "vision", False) else None
+    if vision is not None:
+        cameras = [dataclasses.replace(camera, scale="signed") for camera in cameras]
     out: Path = args.out
     if (out / "policy.json").exists() and not args.force:
         raise SystemExit(f"trainer init-policy: {out} already holds a checkpoint; pass --force to overwrite it")
@@ -117,7 +133,7 @@ def run(args: argparse.Namespace) -> Path:
         chunk_size=args.chunk_size, tasks=tasks, instructions=instructions,
         state_low=[-1.0] * state_dim, state_high=[1.0] * state_dim,
         action_low=[-1.0] * action_dim, action_high=[1.0] * action_dim,
-        state_bins=args.bins, action_bins=args.bins, cameras=cameras,
+        state_bins=args.bins, action_bins=args.bins, cameras=cameras, vision=vision,
         provenance={"dataset": None, "steps": 0, "init": f"random (std {args.init_std}, seed {args.seed})"},
     )
     try:
@@ -132,7 +148,7 @@ def run(args: argparse.Namespace) -> Path:
         shape["num_hidden_layers"] = args.layers
     config = LlamaConfig(
         vocab_size=card.layout.vocab_size,
-        max_position_embeddings=1 + state_dim + args.chunk_size * action_dim + 64,
+        max_position_embeddings=card.image_len + 1 + state_dim + args.chunk_size * action_dim + 64,
         tie_word_embeddings=False, initializer_range=args.init_std,
         bos_token_id=None, eos_token_id=None, pad_token_id=None, **shape,
     )
@@ -140,7 +156,33 @@ def run(args: argparse.Namespace) -> Path:
     model = LlamaForCausalLM(config).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     (out / "generation_config.json").unlink(missing_ok=True)
-    card.write(out)
     params = sum(p.numel() for p in model.parameters())
+    if vision is not None:
+        from trainer.vision import VisionTower, save_vision_weights, state_dict_for_file
+
+        tower = VisionTower(vision, config.hidden_size).to(torch.float32)
+        save_vision_weights(state_dict_for_file(tower), out / vision.weights)
+        lm = model.state_dict()
+        write_lm_index(out, list(lm), sum(t.numel() * t.element_size() for t in lm.values()))
+        params += sum(p.numel() for p in tower.parameters())
+    card.write(out)
     print(f"wrote an untrained policy with {params / 1e6:.2f} M parameters to {out}")
     return out
+
+
+def vision_encoder(args: argparse.Namespace, cameras: list[CameraInput]) -> VisionEncoder:
+    """The random vision policy's encoder: square cameras at one size, the flags' shape."""
+    if not cameras:
+        raise SystemExit("trainer init-policy: --vision needs --cameras (the images the encoder sees)")
+    sizes = {camera.size for camera in cameras}
+    if len(sizes) != 1 or next(iter(sizes))[0] != next(iter(sizes))[1]:
+        raise SystemExit(f"trainer init-policy: --vision needs every camera square at one size, got "
+                         f"{sorted(sizes)}; pass --image-size N")
+    width = args.vision_width
+    vision = VisionEncoder(image_size=next(iter(sizes))[0], patch_size=args.patch_size, hidden_size=width,
+                           intermediate_size=4 * width, num_hidden_layers=args.vision_layers,
+                           num_attention_heads=args.vision_heads)
+    problem = vision.problem()
+    if problem:
+        raise SystemExit(f"trainer init-policy: {problem.replace('vision.', '--vision ')}")
+    return vision

@@ -25,9 +25,16 @@ never a traceback — and the connection stays usable.
 (openpi-style) request is held to them (``Observation.check_images``): a missing
 camera, a non-uint8 image or one of another shape gets ``invalid_image`` naming the
 camera and the expected ``[H, W, 3]`` (HTTP 422 on ``POST /act``); JSON bodies carry no
-arrays, so camera policies take msgpack. Images are accepted and validated but not yet
-fed to the engine: the engines are state-only until vision policies (issue #21) give
-the prompt its image rows. A state-only policy ignores any well-formed images it gets.
+arrays, so camera policies take msgpack. A card with cameras but no vision encoder
+validates the images and ignores them; so does a state-only policy with any well-formed
+images it gets.
+
+**Vision policies** (a card with ``vision``): the images are preprocessed by
+``policy_format.pixel_values`` (the trainer's code), encoded by the checkpoint's vision
+tower — batched across the requests in flight, on a thread of its own
+(``services/policy_server/vision.py``) — and the rows go to the engine with the prompt.
+Such a policy also refuses a camera it does not know (``invalid_image`` naming it and
+listing the cameras and shapes it takes), rather than ignoring it.
 """
 
 from __future__ import annotations
@@ -57,7 +64,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from policy_format import PolicyCheckpoint
+from policy_format import PolicyCheckpoint, pixel_values
 from services.policy_server.engines import Engine
 from services.protocol.codec import DEFAULT_LIMITS, Limits, ProtocolError, packb, unpackb
 from services.protocol.messages import (
@@ -125,6 +132,12 @@ class PolicyMetrics:
                                  registry=self.registry)
         self.cached_actions = Counter("evalforge_policy_cached_actions_total",
                                       "Stepwise actions served from the chunk cache.", registry=self.registry)
+        self.encoder_seconds = Histogram("evalforge_policy_encoder_seconds",
+                                         "Time a request waited for its image rows (vision policies).",
+                                         buckets=latency_buckets, registry=self.registry)
+        self.encoder_batch_images = Histogram("evalforge_policy_encoder_batch_images",
+                                              "Images in each vision-encoder forward (vision policies).",
+                                              buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry)
 
 
 class PolicyService:
@@ -155,6 +168,7 @@ class PolicyService:
         self.inflight = 0
         self._chunks: OrderedDict[str, list[np.ndarray]] = OrderedDict()
         self._chunk_cache_episodes = chunk_cache_episodes
+        self.vision = None  # a vision policy's BatchedVisionEncoder, loaded by start()
 
     @property
     def ready(self) -> bool:
@@ -163,10 +177,21 @@ class PolicyService:
     async def start(self) -> None:
         """Load the engine and warm it up; ``/readyz`` turns true after this."""
         started = time.perf_counter()
+        card = self.checkpoint.card
+        if card.vision is not None:
+            from services.policy_server.vision import BatchedVisionEncoder, load_vision_tower
+
+            tower = await asyncio.to_thread(load_vision_tower, self.checkpoint)
+            self.vision = BatchedVisionEncoder(tower)
+            self.vision.on_batch = self.metrics.encoder_batch_images.observe
         await self.engine.start()
         task = self.tokenizer.tasks[0]
         state = ((self.tokenizer.state.low + self.tokenizer.state.high) / 2).astype(np.float32)
-        await self.engine.generate(self.tokenizer.prompt(task, state))
+        image_rows = None
+        if self.vision is not None:
+            blank = {c.name: np.zeros((c.height, c.width, 3), np.uint8) for c in card.cameras}
+            image_rows = await self.vision.encode(pixel_values(blank, card.cameras))
+        await self.engine.generate(self.tokenizer.prompt(task, state), image_rows=image_rows)
         # What exists now (torch, vLLM, the model) lives until exit: freeze it out of
         # the collector's reach, or a full collection over it stalls requests for
         # hundreds of milliseconds (vLLM's own API server does the same).
@@ -192,6 +217,14 @@ class PolicyService:
             raise RequestError(ErrorCode.UNKNOWN_TASK,
                                f"observation field 'task' is {obs.task[:80]!r}, which this policy was not trained "
                                f"for; known tasks: {known}")
+        if self.checkpoint.card.vision is not None:
+            cameras = self.metadata.cameras
+            for camera in obs.images:
+                if camera not in cameras:
+                    takes = ", ".join(f"{name} uint8 [{h}, {w}, 3]" for name, (h, w) in cameras.items())
+                    raise RequestError(ErrorCode.INVALID_IMAGE,
+                                       f"observation has an image of camera {str(camera)[:64]!r}, which this policy "
+                                       f"does not take; it takes {len(cameras)} camera(s): {takes}")
 
     async def infer_chunk(self, obs: Observation, *, temperature: float = 0.0,
                           seed: int | None = None) -> tuple[np.ndarray, dict[str, float]]:
@@ -201,12 +234,21 @@ class PolicyService:
             raise RequestError(ErrorCode.SHUTTING_DOWN, "the policy server is shutting down; retry elsewhere")
         if not self.ready:
             await self.wait_ready()
+        timing: dict[str, float] = {}
+        image_rows = None
+        if self.vision is not None:
+            start = time.perf_counter()
+            image_rows = await self.vision.encode(pixel_values(obs.images, self.checkpoint.card.cameras))
+            encoder_s = time.perf_counter() - start
+            self.metrics.encoder_seconds.observe(encoder_s)
+            timing["encoder_ms"] = encoder_s * 1e3
         start = time.perf_counter()
         tokens = await self.engine.generate(self.tokenizer.prompt(obs.task, obs.state),
-                                            temperature=temperature, seed=seed)
+                                            temperature=temperature, seed=seed,
+                                            **({"image_rows": image_rows} if image_rows is not None else {}))
         engine_s = time.perf_counter() - start
         self.metrics.engine_seconds.observe(engine_s)
-        return self.tokenizer.decode_actions(tokens), {"engine_ms": engine_s * 1e3}
+        return self.tokenizer.decode_actions(tokens), {"engine_ms": engine_s * 1e3, **timing}
 
     async def infer_observation(self, obs: Observation, kind: str) -> tuple[np.ndarray, dict[str, float]]:
         """An action chunk for a request without the protocol envelope (openpi-style, JSON)."""

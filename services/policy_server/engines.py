@@ -12,6 +12,13 @@ given.
   design openpi's server uses.
 - ``NullEngine`` (``--engine null``): no model; answers at once with zero actions, to
   measure the plumbing alone (never a policy).
+
+Vision policies: ``generate`` also takes ``image_rows`` (float32 torch ``[image_len,
+hidden]``, the vision encoder's output, ``services/policy_server/vision.py``), the
+embeddings of the prompt's image positions (``tokenizer.image_slice``). vLLM gets the
+prompt as a mixed token/embedding prompt (``enable_prompt_embeds``; ``is_token_ids``
+marks the task and state positions, whose ids it embeds itself); transformers gets
+``inputs_embeds`` with the same rows spliced in.
 """
 
 from __future__ import annotations
@@ -70,8 +77,10 @@ class Engine(ABC):
         """Load the model; after this, ``generate`` works."""
 
     @abstractmethod
-    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
-        """Exactly ``checkpoint.tokenizer.action_len`` ids (one action chunk) from the action range."""
+    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None,
+                       image_rows: object | None = None) -> list[int]:
+        """Exactly ``checkpoint.tokenizer.action_len`` ids (one action chunk) from the action range;
+        ``image_rows``: a vision policy's image-position embeddings (see the module docstring)."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release the engine's processes and memory."""
@@ -109,6 +118,7 @@ class VllmEngine(Engine):
             seed=s.seed,
             disable_log_stats=True,  # custom loggers still get the stats (below)
             enable_prefix_caching=False,
+            enable_prompt_embeds=self.checkpoint.card.vision is not None,
             distributed_executor_backend=s.executor,
         )
         # Construction blocks for as long as the engine processes take to start;
@@ -189,21 +199,35 @@ class VllmEngine(Engine):
         assert self._llm is not None, "engine not started"
         return self._llm
 
-    @staticmethod
-    def engine_input(prompt: list[int]) -> object:
+    def engine_input(self, prompt: list[int], image_rows: object | None = None) -> object:
         """The prompt as vLLM's rendered token input: a raw ``{"prompt_token_ids": …}``
         prompt would go through vLLM's renderer on a worker thread (two thread
-        hand-overs per request); token ids need no rendering."""
-        from vllm.inputs.engine import tokens_input
+        hand-overs per request); token ids need no rendering.
 
-        return tokens_input(prompt)
+        With ``image_rows``, a mixed prompt: ``prompt_embeds`` ``[len(prompt), hidden]``
+        holding the rows at the image positions (zeros elsewhere, which vLLM ignores),
+        ``is_token_ids`` True at the task and state positions, whose ids vLLM embeds."""
+        if image_rows is None:
+            from vllm.inputs.engine import tokens_input
 
-    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
+            return tokens_input(prompt)
+        import torch
+        from vllm.inputs.engine import embeds_input
+
+        where = self.checkpoint.tokenizer.image_slice
+        embeds = torch.zeros(len(prompt), image_rows.shape[-1], dtype=image_rows.dtype)
+        embeds[where] = image_rows
+        is_token_ids = [True] * len(prompt)
+        is_token_ids[where] = [False] * (where.stop - where.start)
+        return embeds_input(embeds, prompt_token_ids=prompt, is_token_ids=is_token_ids)
+
+    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None,
+                       image_rows: object | None = None) -> list[int]:
         assert self._llm is not None, "engine not started"
         request_id = f"{self._prefix}-{next(self._ids)}"
         final = None
-        async for output in self._llm.generate(self.engine_input(prompt), self.sampling_params(temperature, seed),
-                                               request_id=request_id):
+        async for output in self._llm.generate(self.engine_input(prompt, image_rows),
+                                               self.sampling_params(temperature, seed), request_id=request_id):
             final = output
         assert final is not None
         return list(final.outputs[0].token_ids)
@@ -239,13 +263,26 @@ class HfEngine(Engine):
         model = AutoModelForCausalLM.from_pretrained(str(self.checkpoint.directory), dtype=torch.float32)
         return model.eval()
 
-    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
+    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None,
+                       image_rows: object | None = None) -> list[int]:
         async with self._lock:  # one request at a time, by design
             if self.on_batch is not None:
                 self.on_batch(1)
-            return await asyncio.to_thread(self.generate_sync, prompt, temperature, seed)
+            return await asyncio.to_thread(self.generate_sync, prompt, temperature, seed, image_rows)
 
-    def generate_sync(self, prompt: list[int], temperature: float = 0.0, seed: int | None = None) -> list[int]:
+    def prompt_inputs(self, prompt: list[int], image_rows: object | None = None) -> dict[str, object]:
+        """The model's keyword inputs for a prompt: ``input_ids``, or ``inputs_embeds`` with the image rows in."""
+        import torch
+
+        ids = torch.tensor([prompt])
+        if image_rows is None:
+            return {"input_ids": ids}
+        embeds = self._model.get_input_embeddings()(ids)
+        embeds[0, self.checkpoint.tokenizer.image_slice] = image_rows.to(embeds.dtype)
+        return {"inputs_embeds": embeds}
+
+    def generate_sync(self, prompt: list[int], temperature: float = 0.0, seed: int | None = None,
+                      image_rows: object | None = None) -> list[int]:
         import torch
 
         assert self._model is not None, "engine not started"
@@ -253,7 +290,7 @@ class HfEngine(Engine):
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         tokens: list[int] = []
         with torch.inference_mode():
-            out = self._model(torch.tensor([prompt]), use_cache=True)
+            out = self._model(**self.prompt_inputs(prompt, image_rows), use_cache=True)
             for _ in range(self.checkpoint.tokenizer.action_len):
                 logits = out.logits[0, -1, start:end].float()
                 if temperature > 0:
@@ -282,7 +319,8 @@ class NullEngine(Engine):
     async def start(self) -> None:
         pass
 
-    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None) -> list[int]:
+    async def generate(self, prompt: list[int], *, temperature: float = 0.0, seed: int | None = None,
+                       image_rows: object | None = None) -> list[int]:
         if self.on_batch is not None:
             self.on_batch(1)
         return list(self._tokens)

@@ -24,7 +24,7 @@ def make_checkpoint(out: Path, **overrides: object) -> Path:
     args = ["init-policy", "--out", str(out), "--state-dim", str(STATE_DIM), "--action-dim", str(ACTION_DIM),
             "--tasks", ",".join(TASKS), "--chunk-size", str(CHUNK), "--init-std", "0.1", "--force"]
     for key, value in overrides.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
+        args += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])  # True: a bare flag
     trainer_main(args)
     return out
 
