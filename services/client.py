@@ -172,8 +172,10 @@ class EvalForgeClient:
 
     # ------------------------------------------------------------------ policies
 
-    def register_policy(self, name: str, endpoint: str, version: str | None = None) -> PolicyOut:
-        """Register the policy server at ``endpoint`` (the API reads its handshake).
+    def register_policy(self, name: str, endpoint: str, version: str | None = None, *,
+                        replicas: list[str] | None = None) -> PolicyOut:
+        """Register the policy server at ``endpoint`` (the API reads its handshake), with ``replicas``:
+        more servers of the same checkpoint (each must answer the same handshake, else 409).
 
         Idempotent: registering the same name and version of the same checkpoint again
         returns the existing policy (the API answers 200 and updates its endpoint). The
@@ -183,7 +185,20 @@ class EvalForgeClient:
         body: dict[str, Any] = {"name": name, "endpoint": endpoint}
         if version is not None:
             body["version"] = version
+        if replicas:
+            body["replicas"] = list(replicas)
         return PolicyOut.model_validate(self._request("POST", "/policies", json=body).json())
+
+    def add_policy_endpoint(self, policy_id: int, endpoint: str) -> PolicyOut:
+        """Add a replica of policy ``policy_id`` at ``endpoint`` (its handshake must name the policy's
+        checkpoint: ``ApiRequestError`` 409 ``replica_mismatch`` otherwise)."""
+        return PolicyOut.model_validate(
+            self._request("POST", f"/policies/{policy_id}/endpoints", json={"endpoint": endpoint}).json())
+
+    def remove_policy_endpoint(self, policy_id: int, endpoint: str) -> PolicyOut:
+        """Remove replica ``endpoint`` of policy ``policy_id`` (its first endpoint cannot be removed)."""
+        return PolicyOut.model_validate(
+            self._request("DELETE", f"/policies/{policy_id}/endpoints", params={"endpoint": endpoint}).json())
 
     def get_policy(self, policy_id: int) -> PolicyOut:
         return PolicyOut.model_validate(self._get(f"/policies/{policy_id}"))

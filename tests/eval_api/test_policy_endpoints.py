@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from services.protocol.adapters import ServerInfo
 from tests.eval_api.conftest import POLICY_ENDPOINT, metadata
+from tests.eval_api.test_client_cli import env, evalforge, evalforge_json, served  # noqa: F401  (fixtures)
 from tests.eval_api.test_ownership import new_key
 
 REPLICA = "ws://policy-2.test:8000/ws"
@@ -109,3 +110,21 @@ def test_revision_named_replicas_of_a_remote_protocol(api):
                            headers=api.auth).status_code == 201
     response = api.client.post(f"/policies/{policy_id}/endpoints", json={"endpoint": OTHER}, headers=api.auth)
     assert response.status_code == 409 and response.json()["error"]["code"] == "replica_mismatch"
+
+
+def test_cli_adds_lists_and_removes_replicas(env, capsys):  # noqa: F811
+    """`evalforge policy register --replica`, `policy add-endpoint`, `policy remove-endpoint` on a served API."""
+    env.api.handshake.servers[REPLICA] = metadata()
+    env.api.handshake.servers[OTHER] = metadata()
+    code, out, err = evalforge(capsys, "policy", "register", "--name", "bc", "--endpoint", POLICY_ENDPOINT,
+                               "--version", "v1", "--replica", REPLICA)
+    assert code == 0, err
+    assert "(+1 replicas)" in out
+    code, out, err = evalforge(capsys, "policy", "add-endpoint", "bc:v1", OTHER)
+    assert code == 0, err
+    assert out.splitlines()[1:] == [f"  {POLICY_ENDPOINT}", f"  {REPLICA}", f"  {OTHER}"]
+    removed = evalforge_json(capsys, "policy", "remove-endpoint", "1", REPLICA)
+    assert removed["endpoints"] == [POLICY_ENDPOINT, OTHER]
+    env.api.handshake.servers["ws://stranger.test:1/ws"] = metadata(sha="cd" * 32)
+    code, _, err = evalforge(capsys, "policy", "add-endpoint", "bc", "ws://stranger.test:1/ws")
+    assert code != 0 and "same checkpoint" in err, err
