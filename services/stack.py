@@ -1,7 +1,7 @@
 """``evalforge up``: the whole evaluation stack as supervised local processes.
 
-    evalforge up [--checkpoint [NAME=]DIR ...] [--engine vllm|hf] [--workers 1] [--concurrency N]
-                 [--port 8080] [--policy-port 8000] [--run-dir runs/stack]
+    evalforge up [--checkpoint [NAME=]DIR ...] [--replicas K] [--engine vllm|hf] [--workers 1]
+                 [--concurrency N] [--port 8080] [--policy-port 8000] [--run-dir runs/stack]
 
 What it starts, in order, after applying the database migrations:
 
@@ -12,7 +12,10 @@ the flag. Health checks prove they reached the stack's own child: each gets a ra
 
 - ``api``: ``evalforge api`` on ``--port`` (health: ``GET /healthz``);
 - ``policy-N``: one ``policy-server`` per ``--checkpoint``, on ``--policy-port``,
-  ``+1``, … (health: ``GET /readyz``), registered with the API once ready;
+  ``+1``, … (health: ``GET /readyz``), registered with the API once ready; with
+  ``--replicas K``, K servers of each checkpoint (``policy-N``, ``policy-N-2`` … ``policy-N-K``
+  on K consecutive ports), registered as one policy with K endpoints, which the workers
+  spread episodes over and fail over between (``services/workers/replicas.py``);
 - ``worker-N``: ``--workers`` Celery workers (``evalforge worker``);
 - ``sweeper``: ``evalforge sweeper``, which re-enqueues stranded episodes.
 
@@ -64,15 +67,30 @@ log = logging.getLogger("evalforge.up")
 class PolicyCheckpoint:
     name: str
     directory: Path
-    port: int
+    port: int  # its first server's; replicas take the ports after it
+    replicas: int = 1
+
+    @property
+    def ports(self) -> list[int]:
+        return [self.port + r for r in range(self.replicas)]
 
     @property
     def endpoint(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws"
 
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"ws://127.0.0.1:{port}/ws" for port in self.ports]
 
-def parse_checkpoints(values: Sequence[str], first_port: int) -> list[PolicyCheckpoint]:
-    """``[NAME=]DIR`` arguments → checkpoints with names (default: policy.json's) and ports."""
+
+def policy_process_name(index: int, replica: int) -> str:
+    """``policy-N`` for a checkpoint's first server, ``policy-N-R`` for its R-th replica (R ≥ 2)."""
+    return f"policy-{index + 1}" if replica == 0 else f"policy-{index + 1}-{replica + 1}"
+
+
+def parse_checkpoints(values: Sequence[str], first_port: int, replicas: int = 1) -> list[PolicyCheckpoint]:
+    """``[NAME=]DIR`` arguments → checkpoints with names (default: policy.json's) and ports (``replicas``
+    consecutive ports each)."""
     from policy_format import CheckpointError, load_checkpoint
 
     checkpoints = []
@@ -83,7 +101,7 @@ def parse_checkpoints(values: Sequence[str], first_port: int) -> list[PolicyChec
             spec = load_checkpoint(path)
         except (CheckpointError, OSError) as exc:
             raise SystemExit(f"evalforge up: --checkpoint {value}: {exc}") from None
-        checkpoints.append(PolicyCheckpoint(name or spec.name, path, first_port + index))
+        checkpoints.append(PolicyCheckpoint(name or spec.name, path, first_port + index * replicas, replicas))
     names = [c.name for c in checkpoints]
     if len(set(names)) != len(names):
         raise SystemExit(f"evalforge up: two checkpoints have the same name ({names}); "
@@ -137,13 +155,14 @@ def build_specs(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) -
                                  "--log-level", "warning"],
                          health_url=f"{api_url}/healthz", startup_timeout_s=60, instance_token=True)]
     for index, checkpoint in enumerate(checkpoints):
-        specs.append(ProcessSpec(
-            f"policy-{index + 1}",
-            [*exe, "services.policy_server", "--checkpoint", str(checkpoint.directory), "--port",
-             str(checkpoint.port), "--engine", args.engine, "--name", checkpoint.name, "--log-level", "warning",
-             # workers and simulators share this host: vLLM's scheduler stays on its compute cores
-             "--engine-core", "compute"],
-            health_url=f"http://127.0.0.1:{checkpoint.port}/readyz", startup_timeout_s=600, instance_token=True))
+        for replica, port in enumerate(checkpoint.ports):
+            specs.append(ProcessSpec(
+                policy_process_name(index, replica),
+                [*exe, "services.policy_server", "--checkpoint", str(checkpoint.directory), "--port",
+                 str(port), "--engine", args.engine, "--name", checkpoint.name, "--log-level", "warning",
+                 # workers and simulators share this host: vLLM's scheduler stays on its compute cores
+                 "--engine-core", "compute"],
+                health_url=f"http://127.0.0.1:{port}/readyz", startup_timeout_s=600, instance_token=True))
     for index in range(args.workers):
         worker = [*exe, "services.cli", "worker", "--hostname", f"up-worker-{index + 1}@%h", "--log-level", "info"]
         if args.concurrency:
@@ -156,8 +175,9 @@ def build_specs(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) -
 def busy_ports(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) -> list[str]:
     """One message per port the stack needs that something else already holds (port, flag, fix)."""
     wanted = [(args.host, args.port, "--port")]
-    wanted += [("127.0.0.1", c.port, "--policy-port" if i == 0 else f"--policy-port (+{i})")
-               for i, c in enumerate(checkpoints)]
+    policy_ports = [port for c in checkpoints for port in c.ports]
+    wanted += [("127.0.0.1", port, "--policy-port" if i == 0 else f"--policy-port (+{i})")
+               for i, port in enumerate(policy_ports)]
     problems = []
     for host, port, flag in wanted:
         if not port_is_free(host, port):
@@ -185,7 +205,7 @@ class Stack:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.run_dir = Path(args.run_dir).resolve()
-        self.checkpoints = parse_checkpoints(args.checkpoint or [], args.policy_port)
+        self.checkpoints = parse_checkpoints(args.checkpoint or [], args.policy_port, getattr(args, "replicas", 1))
         self.api_url = f"http://{args.host}:{args.port}"
         self.env = stack_environment(self.run_dir, dict(os.environ))
         self.registered: dict[str, dict[str, Any]] = {}
@@ -201,7 +221,8 @@ class Stack:
                  "broker_url": _hide_password(self.env.get("EVALFORGE_BROKER_URL") or self.env.get("REDIS_URL", "")),
                  "supervisor_pid": os.getpid(),
                  "policies": [{"name": c.name, "checkpoint": str(c.directory), "endpoint": c.endpoint,
-                               "id": self.registered.get(c.name, {}).get("id")} for c in self.checkpoints],
+                               "endpoints": c.endpoints, "id": self.registered.get(c.name, {}).get("id")}
+                              for c in self.checkpoints],
                  "processes": self.supervisor.snapshot()}
         tmp = self.run_dir / "stack.json.tmp"
         tmp.write_text(json.dumps(state, indent=2) + "\n")
@@ -212,7 +233,8 @@ class Stack:
 
         with EvalForgeClient(self.api_url, self.api_key) as client:
             for checkpoint in self.checkpoints:
-                policy = client.register_policy(checkpoint.name, checkpoint.endpoint)
+                policy = client.register_policy(checkpoint.name, checkpoint.endpoint,
+                                                replicas=checkpoint.endpoints[1:])
                 self.registered[checkpoint.name] = policy.model_dump(mode="json")
                 log.info("registered policy %s (id %s, version %s) at %s", checkpoint.name, policy.id,
                          policy.version, checkpoint.endpoint)
@@ -247,7 +269,8 @@ class Stack:
         previous = {sig: signal.signal(sig, lambda *_: stop()) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.supervisor.start_all()
-            names = ["api", *[f"policy-{i + 1}" for i in range(len(self.checkpoints))]]
+            names = ["api", *[policy_process_name(i, r) for i, c in enumerate(self.checkpoints)
+                              for r in range(c.replicas)]]
             if not self.supervisor.wait_healthy(names, timeout_s=self.args.ready_timeout):
                 if self.supervisor.stopping.is_set():
                     return 0
@@ -274,7 +297,7 @@ class Stack:
         lines = [f"evalforge up: ready — API {self.api_url} (docs {self.api_url}/docs)"]
         for checkpoint in self.checkpoints:
             policy = self.registered.get(checkpoint.name, {})
-            lines.append(f"  policy {checkpoint.name} (id {policy.get('id')}) at {checkpoint.endpoint}")
+            lines.append(f"  policy {checkpoint.name} (id {policy.get('id')}) at {', '.join(checkpoint.endpoints)}")
         lines.append(f"  {self.args.workers} worker(s), sweeper; logs in {self.run_dir / 'logs'}")
         lines.append(f"  for the CLI: source {self.run_dir / 'stack.env'}")
         lines.append("  Ctrl-C stops everything.")

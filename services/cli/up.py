@@ -1,11 +1,12 @@
 """Start the whole evaluation stack as supervised local processes; Ctrl-C stops it.
 
-Starts the API, one policy server per --checkpoint (registered with the API once
-ready), --workers Celery workers and the sweeper, after applying the database
-migrations; restarts any that exit or stop answering. Embedded defaults (SQLite,
-a filesystem broker under RUN_DIR/broker) unless DATABASE_URL and REDIS_URL are
-set. RUN_DIR/stack.json, RUN_DIR/api-key and RUN_DIR/stack.env say how to reach
-it. The stack itself is services/stack.py.
+Starts the API, one policy server per --checkpoint (--replicas K: K of them, one
+policy with K endpoints; registered with the API once ready), --workers Celery
+workers and the sweeper, after applying the database migrations; restarts any
+that exit or stop answering. Embedded defaults (SQLite, a filesystem broker under
+RUN_DIR/broker) unless DATABASE_URL and REDIS_URL are set. RUN_DIR/stack.json,
+RUN_DIR/api-key and RUN_DIR/stack.env say how to reach it. The stack itself is
+services/stack.py.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from services.cli import add_log_level
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", action="append", metavar="[NAME=]DIR",
                         help="serve this policy checkpoint and register it (repeatable)")
+    parser.add_argument("--replicas", type=int, default=1, metavar="K", help=(
+        "policy servers per checkpoint (default 1): K replicas on consecutive ports, registered as one policy "
+        "whose episodes the workers spread over them"))
     parser.add_argument("--engine", default="vllm", choices=["vllm", "hf"], help="policy-server engine (default vllm)")
     parser.add_argument("--workers", type=int, default=1, help="Celery worker processes (default 1)")
     parser.add_argument("--concurrency", type=int, help="episodes at once per worker (default: CPU cores)")
@@ -37,6 +41,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.workers < 0:
         print(f"evalforge up: --workers must be 0 or more, got {args.workers}", file=sys.stderr)
+        return 2
+    if args.replicas < 1:
+        print(f"evalforge up: --replicas must be at least 1, got {args.replicas}", file=sys.stderr)
         return 2
     if args.concurrency is not None and args.concurrency < 1:
         print(f"evalforge up: --concurrency must be at least 1, got {args.concurrency}", file=sys.stderr)

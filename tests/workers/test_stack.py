@@ -101,13 +101,13 @@ def test_stop_all_leaves_no_grandchild_behind(tmp_path):
 class UpProcess:
     """``evalforge up`` as a user runs it, on free ports, with its run directory under ``tmp_path``."""
 
-    def __init__(self, tmp_path: Path, checkpoint: Path, env: dict[str, str]) -> None:
+    def __init__(self, tmp_path: Path, checkpoint: Path, env: dict[str, str], *extra: str) -> None:
         self.run_dir = tmp_path / "stack"
         base = {k: v for k, v in os.environ.items()
                 if k not in ("DATABASE_URL", "REDIS_URL", "EVALFORGE_BROKER_URL")}
         command = [sys.executable, "-m", "services.cli", "up", "--checkpoint", f"reach={checkpoint}",
                    "--engine", "hf", "--run-dir", str(self.run_dir), "--port", str(free_port()),
-                   "--policy-port", str(free_port()), "--concurrency", "1", "--grace", "15"]
+                   "--policy-port", str(free_port()), "--concurrency", "1", "--grace", "15", *extra]
         # SIGTERM to its group reaches `evalforge up` alone (its children lead groups of their own),
         # which then stops them: as a user's Ctrl-C or `kill` does.
         self.process = ChildProcess(command, tmp_path / "up.log", env={**base, **env}, cwd=tmp_path,
