@@ -3,7 +3,10 @@
 The URL is, in order: ``config.attributes["database_url"]`` (set by
 ``services.store.migrate`` and the tests), else ``DATABASE_URL`` through
 ``StoreSettings``. SQLite runs in batch mode, because its ALTER TABLE cannot change
-columns or constraints in place. The models' metadata is the autogenerate target,
+columns or constraints in place: batch mode rebuilds the table (copy, drop, rename), so
+its foreign keys are switched off while migrations run and checked after
+(``PRAGMA foreign_key_check``), as SQLite's own procedure for such changes prescribes —
+with them on, dropping the old ``evaluations`` would cascade-delete every episode. The models' metadata is the autogenerate target,
 so ``alembic check`` (and a test) catch a model change without a migration.
 """
 
@@ -38,19 +41,34 @@ def run_migrations_offline() -> None:
         context.run_migrations()
 
 
-def run_migrations_online() -> None:
-    connection = config.attributes.get("connection")
-    if connection is not None:
+def _run_online(connection: Connection) -> None:
+    sqlite = connection.dialect.name == "sqlite"
+    if sqlite:  # a no-op inside a transaction: set before alembic begins one
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        connection.commit()
+    try:
         _configure(connection)
         with context.begin_transaction():
             context.run_migrations()
+            if sqlite:
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if broken:
+                    raise RuntimeError(f"the migration left rows whose foreign keys point nowhere: {broken[:5]}")
+    finally:
+        if sqlite:
+            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+            connection.commit()
+
+
+def run_migrations_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _run_online(connection)
         return
     engine = create_db_engine(url=_database_url())
     try:
         with engine.connect() as connection:
-            _configure(connection)
-            with context.begin_transaction():
-                context.run_migrations()
+            _run_online(connection)
     finally:
         engine.dispose()
 
