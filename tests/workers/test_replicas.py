@@ -177,7 +177,7 @@ def test_a_replica_killed_mid_evaluation_loses_no_episode_and_comes_back(
         evaluation_id, ids = make_evaluation(sessions, first.ws_url, count)
         _add_replica(sessions, evaluation_id, second.ws_url)
         # Retries that would run out within seconds were the replicas not failed over between.
-        start_inflight_worker(redis_server.url, "replicas", 2, policy_retries=1, policy_backoff_s=0.5,
+        worker = start_inflight_worker(redis_server.url, "replicas", 2, policy_retries=1, policy_backoff_s=0.5,
                               policy_backoff_max_s=1.0, policy_connect_deadline_s=1.0,
                               seconds_per_step=5.0)  # a shared CPU: the time limits are not what is tested
         CeleryEpisodeQueue(redis_server.url).enqueue(ids)
@@ -189,6 +189,7 @@ def test_a_replica_killed_mid_evaluation_loses_no_episode_and_comes_back(
         wait_for(lambda: evaluation(sessions, evaluation_id).finalised, 120, "the evaluation to finish")
         _assert_no_failures(sessions, evaluation_id, count)
         assert served_by_first > 0 and _infers(second) > 0
+        assert f"failing over to {second.ws_url}" in worker.log(200_000), worker.log()
         assert all(r.attempts == 1 for r in episodes_of(sessions, evaluation_id)), \
             "failing over happens within the episode's claim, not through the sweeper"
 
