@@ -12,7 +12,12 @@ OUT receives what ``transformers`` and ``vllm`` both load as is:
 - ``model.safetensors``: float32 (default) or bfloat16 (``--dtype bf16``),
 - the tokenizer's files with ``--tokenizer`` (its EOS/BOS/pad ids go into config.json),
 - ``policy.json`` with ``--policy-json`` (robot policies; its token ranges must fit
-  the vocabulary).
+  the vocabulary),
+- vision policies (a checkpoint with ``vision.*`` tensors, trained by ``trainer vla`` with
+  ``vision.cameras``): the encoder and projector as the card's ``vision.weights`` file
+  (``vision_model.*``, ``multi_modal_projector.*``; ``trainer/vision.py``) and
+  ``model.safetensors.index.json`` naming ``model.safetensors`` as the language model's
+  only file. Their policy.json (with its ``vision`` section) is required.
 
 The directory is assembled as ``OUT.partial`` and renamed when complete, so a failed
 export never leaves a half-written model where a server could pick it up.
@@ -35,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from policy_format import PolicyCard, PolicyFormatError
+from policy_format import PolicyCard, PolicyFormatError, VisionEncoder
 from trainer import checkpoint as ckpt
 from trainer.adapters import AdapterError, adapter_for
 from trainer.config import ConfigError, ModelConfig
@@ -166,6 +171,12 @@ def write_hf_model(cfg: ModelConfig, state: Mapping[str, Tensor], out: Path, *,
             raise ExportError(f"{out} is not empty and holds no config.json, so it is not an earlier export; "
                               "--force only replaces exports — choose another OUT")
 
+    from trainer.vision import split_vision_state
+
+    state, vision_state = split_vision_state(dict(state))
+    vision = None
+    if vision_state:
+        vision = _vision_card(policy_json)
     adapter = adapter_for(cfg)
     hf_state = adapter.to_hf(state)
     fields = adapter.hf_config()
@@ -190,6 +201,12 @@ def write_hf_model(cfg: ModelConfig, state: Mapping[str, Tensor], out: Path, *,
             shutil.copyfile(file, partial / file.name)
         if policy_json is not None:
             shutil.copyfile(policy_json, partial / "policy.json")
+        if vision is not None:
+            from policy_format import write_lm_index
+            from trainer.vision import save_vision_weights
+
+            save_vision_weights(vision_state, partial / vision.weights, torch_dtype)
+            write_lm_index(partial, list(hf_state), sum(t.numel() * torch_dtype.itemsize for t in hf_state.values()))
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -197,6 +214,21 @@ def write_hf_model(cfg: ModelConfig, state: Mapping[str, Tensor], out: Path, *,
         shutil.rmtree(out)
     partial.rename(out)
     return out
+
+
+def _vision_card(policy_json: Path | None) -> VisionEncoder:
+    """The vision section of a vision policy's card (which the export needs to name and check its file)."""
+    if policy_json is None:
+        raise ExportError("the checkpoint holds a vision encoder (vision.* tensors); pass --policy-json with the "
+                          "policy.json trainer vla wrote (its vision section names the vision weights file)")
+    try:
+        card = PolicyCard.read(policy_json)
+    except PolicyFormatError as exc:
+        raise ExportError(f"--policy-json {exc}") from None
+    if card.vision is None:
+        raise ExportError(f"--policy-json {policy_json} has no vision section but the checkpoint holds a vision "
+                          "encoder; pass the policy.json of the run that trained it")
+    return card.vision
 
 
 def _tokenizer(directory: Path, cfg: ModelConfig) -> tuple[list[Path], dict[str, int | None]]:

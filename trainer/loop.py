@@ -192,8 +192,10 @@ class TrainStep:
 
         def forward_step(data: Iterator[Batch], model: torch.nn.Module) -> tuple[Tensor, Any]:
             batch = {k: v.to(device, non_blocking=True) for k, v in next(data).items()}
+            # a vision policy's batches carry their images too (trainer/vision.py's VisionGPTModel takes them)
+            images = {"pixel_values": batch["pixel_values"]} if "pixel_values" in batch else {}
             output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
-                           labels=batch["labels"])
+                           labels=batch["labels"], **images)
             mask = batch["loss_mask"].to(torch.float32)
 
             def loss_func(per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:

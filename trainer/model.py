@@ -173,11 +173,14 @@ def layer_spec(cfg: ModelConfig, *, use_te: bool = False, core_attention: type |
 
 def build_model(cfg: ModelConfig, *, pre_process: bool | None = None, post_process: bool | None = None,
                 use_te: bool | None = None, device: torch.device | None = None,
-                core_attention: type | None = None) -> GPTModel:
+                core_attention: type | None = None, model_class: type[TrainerGPTModel] = TrainerGPTModel,
+                **model_kwargs: object) -> GPTModel:
     """A ``GPTModel`` for this rank's pipeline stage (whole model when pipeline size is 1).
 
     megatron's parallel_state must be initialised (``trainer.parallel.initialize``).
     ``use_te=None`` picks the TransformerEngine spec when :func:`te_available`.
+    ``model_class`` (a :class:`TrainerGPTModel` subclass, e.g. ``trainer.vision.VisionGPTModel``)
+    is built instead, with ``model_kwargs`` added to its arguments.
     """
     from megatron.core import parallel_state
 
@@ -207,7 +210,7 @@ def build_model(cfg: ModelConfig, *, pre_process: bool | None = None, post_proce
         pre_process = parallel_state.is_pipeline_first_stage()
     if post_process is None:
         post_process = parallel_state.is_pipeline_last_stage()
-    model = TrainerGPTModel(
+    model = model_class(
         config=config,
         transformer_layer_spec=layer_spec(cfg, use_te=use_te, core_attention=core_attention),
         vocab_size=cfg.vocab_size,
@@ -218,6 +221,7 @@ def build_model(cfg: ModelConfig, *, pre_process: bool | None = None, post_proce
         share_embeddings_and_output_weights=cfg.tie_embeddings,
         position_embedding_type="rope",
         rotary_base=int(cfg.rope_base),
+        **model_kwargs,
     )
     if device is not None:
         model.to(device)

@@ -23,8 +23,11 @@ trainer); both are tested against ``transformers`` numerically.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -70,3 +73,122 @@ def save_vision_weights(state: dict[str, torch.Tensor], path: Path, dtype: torch
         raise ValueError(f"vision weights must be {ENCODER_PREFIX}* or {PROJECTOR_PREFIX}*, got {bad[:3]}")
     save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(path), metadata={"format": "pt"})
     return path
+
+
+# --- training ----------------------------------------------------------------------------
+
+VISION_PREFIX = "vision."
+"""Where :class:`VisionGPTModel` keeps the tower: its training-checkpoint names are ``vision.<file name>``."""
+
+
+def _gpt_model_class() -> type:
+    from trainer.model import TrainerGPTModel
+
+    class VisionGPTModel(TrainerGPTModel):
+        """The policy's decoder with a :class:`VisionTower` (``self.vision``) whose rows replace the image positions.
+
+        A ``TrainerGPTModel`` subclass, so the decoder's parameter names (and the HF adapter,
+        the checkpoint code) stay as they are; the tower's parameters are ``vision.*``,
+        replicated on every rank. ``forward`` takes ``pixel_values`` ``[b, cameras, 3, H, W]``:
+        the token embeddings of ``image_slice`` are replaced by the projected patches and the
+        decoder runs on that (megatron's ``decoder_input``). Pipeline size 1 only.
+        """
+
+        def __init__(self, *args, vision: VisionEncoder, image_slice: slice, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.vision = VisionTower(vision, self.config.hidden_size)
+            self.image_slice = image_slice
+
+        def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                    labels: torch.Tensor | None = None, pixel_values: torch.Tensor | None = None,
+                    **kwargs: Any) -> torch.Tensor:
+            if pixel_values is not None:
+                b, cameras = pixel_values.shape[:2]
+                rows = self.vision(pixel_values.flatten(0, 1)).reshape(b, -1, self.config.hidden_size)
+                embeds = self.embedding(input_ids=input_ids, position_ids=position_ids)  # [s, b, h]
+                where = self.image_slice
+                embeds = torch.cat([embeds[:where.start], rows.transpose(0, 1).to(embeds.dtype),
+                                    embeds[where.stop:]])
+                kwargs["decoder_input"] = embeds
+            return super().forward(input_ids, position_ids, attention_mask, labels=labels, **kwargs)
+
+    return VisionGPTModel
+
+
+def build_vision_model(cfg: Any, vision: VisionEncoder, image_slice: slice) -> torch.nn.Module:
+    """``trainer.model.build_model`` of a vision policy (see ``VisionGPTModel``)."""
+    from megatron.core import parallel_state
+
+    from trainer.config import ConfigError
+    from trainer.model import build_model
+
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        raise ConfigError("a vision policy trains with parallel.pipeline 1 (the encoder feeds the first stage)")
+    return build_model(cfg, model_class=_gpt_model_class(), vision=vision, image_slice=image_slice)
+
+
+def split_vision_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A training checkpoint's tensors → (the decoder's, the vision file's under its own names)."""
+    vision = {k.removeprefix(VISION_PREFIX): v for k, v in state.items() if k.startswith(VISION_PREFIX)}
+    return {k: v for k, v in state.items() if not k.startswith(VISION_PREFIX)}, vision
+
+
+class CameraImages:
+    """Every frame of a dataset's cameras (card order), and the batch's ``pixel_values``.
+
+    Frames are decoded once at construction (uint8, at the recorded size); a batch runs
+    ``policy_format.pixel_values`` on each sample's frames — the policy server's own
+    preprocessing, resize included — after the optional augmentation:
+
+    - ``shift`` (pixels): pad by replicating the edge and crop back at a random offset of up
+      to ``shift`` each way (DrQ's random shift);
+    - ``color_jitter`` (fraction): scale brightness and contrast each by a random factor in
+      ``[1 − j, 1 + j]``.
+
+    ``blank``: every image is black (a control run: what the policy learns without seeing).
+    """
+
+    def __init__(self, dataset: Any, cameras: Sequence[Any], *, shift: int = 0, color_jitter: float = 0.0,
+                 blank: bool = False) -> None:
+        from trainer.data.lerobot import DatasetError
+
+        missing = [c.name for c in cameras if c.name not in dataset.cameras]
+        if missing:
+            raise DatasetError(f"{dataset.root}: has no frames of camera(s) {missing} (it records "
+                               f"{', '.join(dataset.cameras) or 'no cameras'}); record them with "
+                               "`trainer collect-demos --cameras`")
+        self.cameras = tuple(cameras)
+        self.shift, self.color_jitter, self.blank = shift, color_jitter, blank
+        self.frames = {c.name: np.concatenate([dataset.frames(i, c.name) for i in range(len(dataset))])
+                       for c in self.cameras}
+
+    def pixel_values(self, indices: np.ndarray, rng: np.random.Generator | None = None) -> torch.Tensor:
+        """float32 ``[b, cameras, 3, H, W]`` of frame ``indices``; ``rng`` draws the augmentation."""
+        from policy_format import pixel_values
+
+        out = []
+        for index in np.asarray(indices):
+            images = {}
+            for camera in self.cameras:
+                frame = self.frames[camera.name][index]
+                if self.blank:
+                    frame = np.zeros_like(frame)
+                elif rng is not None:
+                    frame = self._augment(frame, rng)
+                images[camera.name] = frame
+            out.append(pixel_values(images, self.cameras))
+        return torch.from_numpy(np.stack(out))
+
+    def _augment(self, frame: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if self.shift:
+            s = self.shift
+            padded = np.pad(frame, ((s, s), (s, s), (0, 0)), mode="edge")
+            dy, dx = rng.integers(0, 2 * s + 1, 2)
+            frame = padded[dy:dy + frame.shape[0], dx:dx + frame.shape[1]]
+        if self.color_jitter:
+            j = self.color_jitter
+            brightness, contrast = rng.uniform(1 - j, 1 + j, 2)
+            f = frame.astype(np.float32)
+            mean = f.mean()
+            frame = np.clip((f - mean) * contrast + mean * brightness, 0, 255).astype(np.uint8)
+        return np.ascontiguousarray(frame)

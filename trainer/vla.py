@@ -4,8 +4,15 @@
     torchrun --nproc-per-node 2 -m trainer.cli vla --config configs/vla-mt10.yaml
 
 Behaviour cloning on a LeRobot v3 dataset (``trainer collect-demos`` writes one; a
-dataset recorded by LeRobot in the same layout works too). The policy is state-only:
-camera features (``image`` or ``video``) in the dataset are left unread. The data pipeline is
+dataset recorded by LeRobot in the same layout works too). Without a ``vision`` section
+(``vision.cameras`` empty) the policy is state-only: camera features in the dataset are
+left unread. With ``vision.cameras`` it is a vision-language-action policy: a SigLIP
+vision tower and LLaVA projector (``trainer/vision.py``; ``vision.*`` sizes the encoder)
+train from scratch with the decoder, each camera's frame becomes one prompt row per
+patch between the task token and the state tokens, frames are preprocessed by
+``policy_format.pixel_values`` (the server's code; cameras scaled to [-1, 1] at
+``vision.image_size``), optionally augmented (``vision.shift``, ``vision.color_jitter``),
+and the export gains ``vision.safetensors`` (see docs/policy-format.md). The data pipeline is
 ``trainer/data/robot.py``: normalisation bounds from ``meta/stats.json``, action chunks of
 ``data.chunk_size``, sequences ``[task, state tokens…, action tokens…]`` with the loss on
 action tokens only, tokenised by ``policy_format`` — the code the policy server prompts with.
@@ -103,13 +110,40 @@ class InitConfig:
 
 
 @dataclass
+class VisionConfig:
+    """A vision policy's cameras, encoder and image augmentation; ``cameras`` empty: state only."""
+
+    cameras: str = ""
+    """Comma-separated cameras the policy sees, in prompt order (the dataset must record them)."""
+    image_size: int = 64
+    """Side of the square images the encoder takes (frames of another size are resized bilinearly)."""
+    patch_size: int = 8
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_attention_heads: int = 2
+    intermediate_size: int | None = None
+    """The encoder's MLP width; ``null``: 4 × hidden_size."""
+    shift: int = 0
+    """Augmentation: random shift of up to this many pixels (edge-padded crop); 0: off."""
+    color_jitter: float = 0.0
+    """Augmentation: brightness and contrast scaled by up to ± this fraction; 0: off."""
+    blank: bool = False
+    """Control runs: train on black images (the policy cannot see)."""
+
+    @property
+    def camera_names(self) -> list[str]:
+        return [c.strip() for c in self.cameras.split(",") if c.strip()]
+
+
+@dataclass
 class VLAConfig(TrainerConfig):
-    """Everything ``trainer vla`` needs: the shared sections, ``data``, ``init`` and ``policy``."""
+    """Everything ``trainer vla`` needs: the shared sections, ``data``, ``init``, ``policy`` and ``vision``."""
 
     run_dir: str = "runs/vla"
     data: RobotDataConfig = field(default_factory=RobotDataConfig)
     init: InitConfig = field(default_factory=InitConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    vision: VisionConfig = field(default_factory=VisionConfig)
 
     def validate(self) -> None:
         super().validate()
@@ -155,6 +189,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="recipe YAML (e.g. configs/vla-reach-fast.yaml)")
     parser.add_argument("--resume", help="'auto' (newest checkpoint in the run, if any) or a checkpoint path")
     parser.epilog = "Any config field can be overridden: --optimizer.lr 1e-3 --data.chunk_size 8 ..."
+
+
+def vision_inputs(vision: VisionConfig) -> tuple[tuple, object]:
+    """The card's cameras (square, [-1, 1]) and vision encoder from the recipe's ``vision`` section."""
+    from policy_format import CameraInput, VisionEncoder
+
+    cameras = tuple(CameraInput(name, vision.image_size, vision.image_size, resize="bilinear", scale="signed")
+                    for name in vision.camera_names)
+    encoder = VisionEncoder(image_size=vision.image_size, patch_size=vision.patch_size,
+                            hidden_size=vision.hidden_size,
+                            intermediate_size=vision.intermediate_size or 4 * vision.hidden_size,
+                            num_hidden_layers=vision.num_layers, num_attention_heads=vision.num_attention_heads)
+    problem = encoder.problem()
+    if problem:
+        raise ConfigError(problem)
+    return cameras, encoder
 
 
 def resolve_suite(cfg: VLAConfig, dataset: DemonstrationDataset) -> Suite | None:
@@ -250,13 +300,26 @@ def vla(cfg: VLAConfig) -> VLAResult:
     card = dataset_card(dataset, name=cfg.policy.name or run_dir.resolve().name, suite=suite.name if suite else None,
                         chunk_size=cfg.data.chunk_size, state_bins=cfg.data.state_bins,
                         action_bins=cfg.data.action_bins, mode=cfg.data.normalization, min_range=cfg.data.min_range)
+    images = None
+    if cfg.vision.camera_names:
+        from trainer.vision import CameraImages
+
+        card.cameras, card.vision = vision_inputs(cfg.vision)
+        card.validate()
+        images = CameraImages(dataset, card.cameras, shift=cfg.vision.shift, color_jitter=cfg.vision.color_jitter,
+                              blank=cfg.vision.blank)
     tokenizer = card.tokenizer()
-    samples = RobotSamples(dataset, tokenizer, state_noise=cfg.data.state_noise)
+    samples = RobotSamples(dataset, tokenizer, state_noise=cfg.data.state_noise, images=images)
     cfg = resolve_model(cfg, tokenizer.layout.vocab_size, tokenizer.seq_length)
 
     layout = parallel.initialize(cfg.parallel, cfg.training.seed)
     try:
-        model = build_model(cfg.model)
+        if card.vision is not None:
+            from trainer.vision import build_vision_model
+
+            model = build_vision_model(cfg.model, card.vision, tokenizer.image_slice)
+        else:
+            model = build_model(cfg.model)
         if cfg.init.bin_embeddings == "sinusoidal":
             init_bin_embeddings(model, tokenizer.layout, cfg.model.init_std)
         batches = RobotBatches(samples, micro_batch_size=cfg.training.micro_batch_size,
@@ -272,6 +335,8 @@ def vla(cfg: VLAConfig) -> VLAResult:
             "dataset_episodes": len(dataset), "dataset_frames": dataset.num_frames,
             "steps": steps, "trained_by": "trainer vla", "run_dir": str(run_dir.resolve()),
             "normalization": cfg.data.normalization, "state_noise": cfg.data.state_noise,
+            **({"image_augmentation": {"shift": cfg.vision.shift, "color_jitter": cfg.vision.color_jitter},
+                "blank_images": cfg.vision.blank} if card.vision is not None else {}),
             "final_loss": result.losses.get(result.step),
         }
         policy_json = run_dir / "policy.json"

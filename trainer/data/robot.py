@@ -156,7 +156,7 @@ class RobotSamples:
     """
 
     def __init__(self, dataset: DemonstrationDataset, tokenizer: PolicyTokenizer, *,
-                 state_noise: float = 0.0) -> None:
+                 state_noise: float = 0.0, images: Any = None) -> None:
         if state_noise < 0:
             raise ConfigError(f"data.state_noise must be ≥ 0, got {state_noise}")
         if (dataset.state_dim, dataset.action_dim) != (tokenizer.state_dim, tokenizer.action_dim):
@@ -169,6 +169,9 @@ class RobotSamples:
             raise DatasetError(f"{dataset.root}: holds no episodes")
         self.tokenizer = tokenizer
         self.state_noise = state_noise
+        self.images = images
+        """A vision policy's ``trainer.vision.CameraImages``: batches gain ``pixel_values``."""
+        self.augments = state_noise > 0 or (images is not None and bool(images.shift or images.color_jitter))
         self._task_names = tokenizer.tasks
         states = np.concatenate([ep.state for ep in dataset.episodes])
         actions = np.concatenate([ep.action for ep in dataset.episodes])
@@ -218,7 +221,8 @@ class RobotSamples:
         return self.tokens[indices].astype(np.int64)
 
     def batch(self, indices: np.ndarray, noise: np.random.Generator | None = None) -> dict[str, torch.Tensor]:
-        """The loop's micro-batch (``tokens``, ``labels``, ``loss_mask``, ``position_ids``) for ``indices``."""
+        """The loop's micro-batch (``tokens``, ``labels``, ``loss_mask``, ``position_ids``, and a vision
+        policy's ``pixel_values``) for ``indices``; ``noise`` also draws the image augmentation."""
         seq = self.sequences(indices, noise)
         labels = np.zeros_like(seq)
         labels[:, :-1] = seq[:, 1:]
@@ -228,6 +232,7 @@ class RobotSamples:
             "labels": torch.from_numpy(labels),
             "loss_mask": torch.from_numpy(np.broadcast_to(self._labels_mask, (b, self.seq_length)).copy()),
             "position_ids": torch.from_numpy(np.broadcast_to(self._positions, (b, self.seq_length)).copy()),
+            **({"pixel_values": self.images.pixel_values(indices, noise)} if self.images is not None else {}),
         }
 
 
@@ -286,7 +291,7 @@ class RobotBatches:
         start = step * self.global_batch_size + self.data_rank * self.per_rank + micro * self.micro_batch_size
         self.micro_batches += 1
         # augmentation noise is a function of the stream position, like the order: resume stays exact
-        noise = np.random.default_rng([self.seed, 1, start]) if self.samples.state_noise > 0 else None
+        noise = np.random.default_rng([self.seed, 1, start]) if self.samples.augments else None
         return self.samples.batch(self.sample_indices(start, self.micro_batch_size), noise)
 
     def state_dict(self) -> dict[str, int]:
