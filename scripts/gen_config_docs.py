@@ -256,7 +256,8 @@ def render_cli(prog: str, module_name: str, verbs: tuple[str, ...]) -> list[str]
 def render_compose() -> list[str]:
     variables = compose_variables(COMPOSE.read_text(encoding="utf-8"))
     lines = ["| Variable | Default |", "|---|---|"]
-    lines += [f"| `{name}` | {f'`{default}`' if default else 'required'} |" for name, default in variables.items()]
+    lines += [f"| `{name}` | {'required' if default is None else f'`{default}`' if default else 'empty'} |"
+              for name, default in variables.items()]
     return [*lines, ""]
 
 

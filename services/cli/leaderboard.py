@@ -1,7 +1,9 @@
-"""A suite's leaderboard from the evaluation API: each policy's best finished evaluation, ranked.
+"""A suite's leaderboard from the evaluation API: each policy's comparable episodes pooled, ranked.
 
-Only evaluations of every task at the standard step limits compete, unless
---include-nonstandard. Success rates carry their Wilson 95% interval.
+Only standard evaluations (every task at the standard step limits, under the suite's current
+definition) compete, unless --include-nonstandard; a policy's contributing evaluations are
+pooled (docs/statistics.md says why not its best). Success rates carry their Wilson 95%
+interval, and a policy not significantly different from the one above it is marked.
 """
 
 from __future__ import annotations

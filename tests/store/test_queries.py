@@ -264,6 +264,29 @@ def test_api_keys(session):
         api_keys.create_api_key(session, "  ")
 
 
+def test_ensure_api_key_takes_the_deployments_key_else_reuses_or_writes_the_file(session, tmp_path):
+    key_file = tmp_path / "stack" / "api-key"
+    made = api_keys.ensure_api_key(session, key_file, "compose")  # nothing yet: a new key, written
+    assert key_file.read_text().strip() == made and (key_file.stat().st_mode & 0o777) == 0o600
+    assert api_keys.authenticate(session, made) is not None
+    assert api_keys.ensure_api_key(session, key_file, "compose") == made  # reused while the store accepts it
+    api_keys.revoke_api_key(session, api_keys.authenticate(session, made).id)
+    replaced = api_keys.ensure_api_key(session, key_file, "compose")
+    assert replaced != made and key_file.read_text().strip() == replaced
+
+    secret = "efk_" + "A" * 43  # a deployment's own key ($EVALFORGE_API_KEY): registered once, file untouched
+    assert api_keys.ensure_api_key(session, key_file, "compose", secret) == secret
+    assert api_keys.ensure_api_key(session, key_file, "compose", secret) == secret
+    assert api_keys.authenticate(session, secret).name == "compose"
+    assert sum(k.name == "compose" for k in api_keys.list_api_keys(session)) == 3
+    assert key_file.read_text().strip() == replaced
+    with pytest.raises(ValueError, match="is not of the form efk_"):
+        api_keys.ensure_api_key(session, key_file, "compose", "hunter2")
+    api_keys.revoke_api_key(session, api_keys.authenticate(session, secret).id)
+    with pytest.raises(ValueError, match="revoked"):
+        api_keys.ensure_api_key(session, key_file, "compose", secret)
+
+
 def test_policy_name_and_version_are_unique(session):
     add_policy(session, "p", "v1")
     with pytest.raises(queries.Conflict, match="already registered"):
