@@ -191,3 +191,44 @@ def test_a_vision_server_answers_and_refuses_bad_images_with_typed_errors(vision
             raw.close()
     finally:
         server.stop()
+
+
+def test_the_checkpoint_assembles_into_a_native_llava_that_agrees_with_the_hf_engine(vision_checkpoint):
+    """docs/policy-format.md's recipe: LlavaForConditionalGeneration from the two files, same logits."""
+    from safetensors.torch import load_file
+    from transformers import (
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        SiglipVisionConfig,
+    )
+
+    from services.policy_server.engines import HfEngine
+    from services.policy_server.vision import load_vision_tower
+
+    ckpt = load_checkpoint(vision_checkpoint)
+    vision, tok = ckpt.card.vision, ckpt.tokenizer
+    text = LlamaConfig.from_pretrained(vision_checkpoint)
+    config = LlavaConfig(vision_config=SiglipVisionConfig(**vision.siglip_config()).to_dict(),
+                         text_config=text.to_dict(), vision_feature_layer=vision.feature_layer,
+                         vision_feature_select_strategy="full", projector_hidden_act=vision.projector_act,
+                         multimodal_projector_bias=True, image_token_id=text.vocab_size - 1)
+    native = LlavaForConditionalGeneration(config).eval()
+    state = {(f"model.language_model.{k.removeprefix('model.')}" if k.startswith("model.") else k): t
+             for k, t in load_file(str(vision_checkpoint / "model.safetensors")).items()}
+    for k, t in load_file(str(vision_checkpoint / vision.weights)).items():
+        state[f"model.vision_tower.{k.removeprefix('vision_model.')}" if k.startswith("vision_model.")
+              else f"model.{k}"] = t
+    native.load_state_dict(state, strict=True)
+
+    pixels = torch.from_numpy(pixel_values(_images(7), ckpt.card.cameras))
+    prompt = tok.prompt("push-v3", random_state(7))
+    ids = torch.tensor([prompt])
+    ids[0, tok.image_slice] = config.image_token_id
+    engine = HfEngine(ckpt)
+    engine._model = engine._load()
+    with torch.inference_mode():
+        want = native(input_ids=ids, pixel_values=pixels).logits[0, -1]
+        rows = load_vision_tower(ckpt)(pixels).reshape(-1, text.hidden_size)
+        got = engine._model(**engine.prompt_inputs(prompt, rows)).logits[0, -1]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
