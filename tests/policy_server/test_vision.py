@@ -232,3 +232,47 @@ def test_the_checkpoint_assembles_into_a_native_llava_that_agrees_with_the_hf_en
         rows = load_vision_tower(ckpt)(pixels).reshape(-1, text.hidden_size)
         got = engine._model(**engine.prompt_inputs(prompt, rows)).logits[0, -1]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.vllm
+def test_a_vllm_vision_server_batches_concurrent_clients_and_matches_the_hf_engine(vision_checkpoint, tmp_path):
+    """Continuous batching holds with prompt embeddings: 16 clients at once, each gets the hf engine's chunk
+    for its own observation, and engine steps ran more than one request together."""
+    import httpx
+
+    from services.policy_server.engines import HfEngine
+    from services.policy_server.vision import BatchedVisionEncoder, load_vision_tower
+    from services.protocol.client import AsyncPolicyClient, ClientSettings
+
+    ckpt = load_checkpoint(vision_checkpoint)
+    hf = HfEngine(ckpt)
+    hf._model = hf._load()
+    encoder = BatchedVisionEncoder(load_vision_tower(ckpt))
+    observations = [{"state": random_state(s), "task": "reach-v3", "images": _images(s)} for s in range(16)]
+    expected = []
+    for obs in observations:
+        rows = encoder.forward(pixel_values(obs["images"], ckpt.card.cameras)).reshape(-1, 128)
+        expected.append(ckpt.tokenizer.decode_actions(hf.generate_sync(ckpt.tokenizer.prompt("reach-v3", obs["state"]),
+                                                                       image_rows=rows)))
+    encoder.close()
+
+    server = start_server(vision_checkpoint, tmp_path)
+    try:
+        async def one(obs: dict) -> np.ndarray:
+            async with AsyncPolicyClient(server.ws_url, ClientSettings(call_timeout_s=120)) as client:
+                return (await client.infer(obs)).actions
+
+        async def main() -> list[np.ndarray]:
+            return await asyncio.gather(*(one(o) for o in observations))
+
+        for got, want in zip(asyncio.run(main()), expected, strict=True):
+            np.testing.assert_array_equal(got, want)
+        metrics = httpx.get(f"{server.http_url}/metrics").text
+    finally:
+        server.stop()
+    batch = {line.split("le=")[1].split("}")[0].strip('"'): float(line.split()[-1])
+             for line in metrics.splitlines() if line.startswith("evalforge_policy_engine_batch_size_bucket")}
+    assert batch["+Inf"] > batch["1.0"], "concurrent clients never shared an engine step"
+    images = {line.split("le=")[1].split("}")[0].strip('"'): float(line.split()[-1])
+              for line in metrics.splitlines() if line.startswith("evalforge_policy_encoder_batch_images_bucket")}
+    assert images["+Inf"] > images["2.0"], "the encoder never batched two observations' images"
