@@ -22,7 +22,8 @@ the finalisation check, the broker message.
 3. completions/s = episodes / (the evaluation's first claim → its last result), from the rows'
    own timestamps, and end to end (``created_at`` → ``finished_at``, with the insert and enqueue);
 4. where the time goes: the CPU seconds per episode of each process group over the timed runs
-   (workers, API, policy server, PostgreSQL's backends, Redis; psutil), and, in this process, the
+   (workers, API, policy server, the PostgreSQL backends of the scratch database — not the WAL
+   writer or checkpointer —, the Redis server; psutil), and, in this process, the
    wall time of each step one at a time (claim + job read, result, finalisation check, publishing
    one message, one policy round trip);
 5. ``--submit K``: one ``POST /evaluations`` of K null episodes on Redis with no worker running:
@@ -45,11 +46,12 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 import psutil
 import redis
-from sqlalchemy import func, select
+from sqlalchemy import func, make_url, select
 from sqlalchemy.orm import Session, sessionmaker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -162,25 +164,36 @@ class Fleet:
         self.shrink(0)
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU of these processes and their children, now."""
-    total = 0.0
+def cpu_snapshot(pids: list[int]) -> dict[int, float]:
+    """User + system CPU seconds of each of these processes and their children, now."""
+    seen: dict[int, float] = {}
     for pid in pids:
         try:
             process = psutil.Process(pid)
             for p in [process, *process.children(recursive=True)]:
                 times = p.cpu_times()
-                total += times.user + times.system
+                seen[p.pid] = times.user + times.system
         except psutil.Error:
             continue
-    return total
+    return seen
 
 
-def named_pids(name: str) -> list[int]:
+def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two snapshots (a process started in between counts from zero; one that
+    ended in between is lost: an undercount, never negative)."""
+    return sum(max(0.0, cpu - before.get(pid, 0.0)) for pid, cpu in after.items())
+
+
+def pids_matching(name: str, needle: str) -> list[int]:
+    """Processes called ``name…`` whose command line contains ``needle`` (PostgreSQL backends name their
+    database in their title; the Redis server its port)."""
     found = []
-    for p in psutil.process_iter(["name"]):
-        if (p.info["name"] or "").startswith(name):
-            found.append(p.pid)
+    for p in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if (p.info["name"] or "").startswith(name) and needle in " ".join(p.info["cmdline"] or []):
+                found.append(p.pid)
+        except psutil.Error:
+            continue
     return found
 
 
@@ -204,11 +217,11 @@ def wait_finished(sessions: sessionmaker[Session], evaluation_id: int, timeout_s
 
 
 def timed_run(client: httpx.Client, sessions: sessionmaker[Session], policy_id: int, episodes: int, seed: int,
-              groups: dict[str, list[int]], into: Cell) -> None:
-    before = {name: cpu_seconds(pids) for name, pids in groups.items()}
+              groups: dict, into: Cell) -> None:
+    before = {name: cpu_snapshot(pids() if callable(pids) else pids) for name, pids in groups.items()}
     evaluation_id = submit(client, policy_id, episodes, seed)
     wait_finished(sessions, evaluation_id, 60 + episodes / 5)
-    after = {name: cpu_seconds(pids) for name, pids in groups.items()}
+    after = {name: cpu_snapshot(pids() if callable(pids) else pids) for name, pids in groups.items()}
     with sessions() as session:
         evaluation = session.get(Evaluation, evaluation_id)
         first, last, failed = session.execute(
@@ -220,7 +233,7 @@ def timed_run(client: httpx.Client, sessions: sessionmaker[Session], policy_id: 
     into.end_to_end_s += (evaluation.finished_at - evaluation.created_at).total_seconds()
     into.harness_failures += failed
     for name in groups:
-        into.cpu_s[name] += after[name] - before[name]
+        into.cpu_s[name] += cpu_delta(before[name], after[name])
 
 
 def step_costs(sessions: sessionmaker[Session], policy_id: int, server_url: str, broker_url: str,
@@ -250,6 +263,22 @@ def step_costs(sessions: sessionmaker[Session], policy_id: int, server_url: str,
             queries.finalize_evaluation_if_done(session, evaluation_id)
         costs["result write"].append(mid - start)
         costs["finalisation check"].append(time.perf_counter() - mid)
+    # The whole episode as a worker thread plays it (claim … finalisation, three policy round trips), without Celery.
+    from services.workers.settings import WorkerSettings
+
+    with sessions() as session:
+        specs = [queries.EpisodeSpec(task=TASK, seed=3_000_000 + i, max_steps=10) for i in range(n)]
+        created = queries.create_evaluation(session, policy_id=policy_id, suite=SUITE, tasks=[TASK],
+                                            episodes_per_task=n, seed=0, max_steps=None, standard=False, tags=[],
+                                            episodes=specs)
+    settings = WorkerSettings(replay_episodes=0)
+    runner.run_episode_by_id(sessions, created.episode_ids[0], "bench", settings)  # connects
+    for episode_id in created.episode_ids[1:]:
+        start, cpu = time.perf_counter(), time.process_time()
+        runner.run_episode_by_id(sessions, episode_id, "bench", settings)
+        costs["whole episode: run_episode_by_id (wall)"].append(time.perf_counter() - start)
+        costs["whole episode: run_episode_by_id (this process's CPU)"].append(time.process_time() - cpu)
+    runner.close_caches()
     queue = CeleryEpisodeQueue(broker_url, queue=f"episodes-cp-costs-{secrets.token_hex(3)}")
     start = time.perf_counter()
     queue.enqueue(list(range(n)))
@@ -267,8 +296,10 @@ def step_costs(sessions: sessionmaker[Session], policy_id: int, server_url: str,
     return {name: statistics.median(values) * 1e3 for name, values in costs.items()}
 
 
-def measure_submission(broker: Broker, client: httpx.Client, policy_id: int, episodes: int) -> tuple[float, float]:
-    """(seconds to the 202, seconds until every message is in Redis) for one evaluation of ``episodes``."""
+def measure_submission(broker: Broker, client: httpx.Client, sessions: sessionmaker[Session], policy_id: int,
+                       episodes: int) -> tuple[float, float, float]:
+    """(seconds to the 202, seconds until every message is in Redis, ms of one finalisation check on it) for
+    one evaluation of ``episodes``."""
     store = redis.Redis.from_url(REDIS_URL)
     key = queue_name("null", broker.queue)
     start = time.perf_counter()
@@ -284,7 +315,13 @@ def measure_submission(broker: Broker, client: httpx.Client, policy_id: int, epi
         time.sleep(0.05)
     queued = time.perf_counter() - start
     store.delete(key)
-    return accepted, queued
+    checks = []
+    for _ in range(5):  # what every episode's result pays on an evaluation this large (it counts the live rows)
+        begin = time.perf_counter()
+        with sessions() as session:
+            queries.finalize_evaluation_if_done(session, response.json()["id"])
+        checks.append(time.perf_counter() - begin)
+    return accepted, queued, statistics.median(checks) * 1e3
 
 
 def main() -> None:
@@ -306,10 +343,12 @@ def main() -> None:
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     checkpoint = ensure_null_policy()
     database_url = create_database()
+    database_name = make_url(database_url).database
+    redis_port = f":{urlparse(REDIS_URL).port or 6379}"
     server = PolicyServerProcess(checkpoint, "--engine", "null", "--log-level", "warning", log_dir=RUN_DIR)
     live = {kind: Broker(kind, database_url, RUN_DIR) for kind in brokers}
     cells = {(b, w, n): Cell(b, w, n) for b in brokers for n in in_flight for w in workers}
-    submission: tuple[float, float] | None = None
+    submission: tuple[float, float, float] | None = None
     costs: dict[str, float] = {}
     try:
         server.start()
@@ -339,8 +378,9 @@ def main() -> None:
                                 warm = submit(client, policy_ids[kind], 2 * w * n, next(seeds))
                                 wait_finished(sessions, warm, 120)
                                 groups = {"workers": fleet.pids(), "API": [broker.api.pid],
-                                          "policy server": [server.pid], "PostgreSQL": named_pids("postgres"),
-                                          "Redis": named_pids("redis-server")}
+                                          "policy server": [server.pid],
+                                          "PostgreSQL": lambda: pids_matching("postgres", database_name),
+                                          "Redis": pids_matching("redis-server", redis_port)}
                                 timed_run(client, sessions, policy_ids[kind], args.episodes, next(seeds), groups,
                                           cells[(kind, w, n)])
                                 cell = cells[(kind, w, n)]
@@ -353,7 +393,8 @@ def main() -> None:
             if args.submit:
                 with httpx.Client(base_url=live["redis"].base, headers={"Authorization": f"Bearer {key}"},
                                   timeout=600) as client:
-                    submission = measure_submission(live["redis"], client, policy_ids["redis"], args.submit)
+                    submission = measure_submission(live["redis"], client, sessions, policy_ids["redis"],
+                                                    args.submit)
         engine.dispose()
     finally:
         for broker in live.values():
@@ -384,7 +425,8 @@ def main() -> None:
             print(f"- {name}: {ms:.2f} ms")
     if submission is not None:
         print(f"\nSubmitting {args.submit:,} episodes (Redis, no workers): 202 after {submission[0]:.2f} s; all "
-              f"{args.submit:,} messages in Redis after {submission[1]:.2f} s")
+              f"{args.submit:,} messages in Redis after {submission[1]:.2f} s; one finalisation check on it (what "
+              f"each episode's result pays) {submission[2]:.1f} ms")
 
 
 if __name__ == "__main__":
