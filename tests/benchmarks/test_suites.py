@@ -43,8 +43,8 @@ def play_expert(suite_name: str, task: str, seed: int):
 def test_registry_lists_every_suite():
     names = list_suites()
     assert names == sorted(names)
-    # MT1 ×50, MT10, MT50, PushT; MT1 and MT10 pixel variants; LIBERO ×4, ALOHA ×2, OGBench ×3
-    assert len(names) == 50 + 2 + 1 + 50 + 1 + 4 + 2 + 3
+    # MT1 ×50, MT10, MT50, PushT; MT1 and MT10 pixel variants; LIBERO ×4, ALOHA ×2, OGBench ×3; null
+    assert len(names) == 50 + 2 + 1 + 50 + 1 + 4 + 2 + 3 + 1
     assert {"metaworld-mt1-reach", "metaworld-mt1-button-press-topdown-wall", "metaworld-mt10",
             "metaworld-mt50", "pusht", "metaworld-mt1-reach-pixels", "metaworld-mt10-pixels", "libero-spatial",
             "libero-object", "libero-goal", "libero-10", "aloha-transfer-cube", "aloha-insertion",
