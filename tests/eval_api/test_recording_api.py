@@ -69,3 +69,13 @@ def test_the_dataset_joins_the_recorded_episodes_in_index_order(api, tmp_path):
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "recording_unavailable"
     assert "ARTIFACT_ROOT" in gone.json()["error"]["message"]
     assert api.client.get("/evaluations/999999/dataset").status_code == 404
+
+
+def test_eval_dataset_refuses_a_folder_that_is_not_empty(tmp_path, capsys):
+    from services.cli import main
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "mine.txt").write_text("keep me")
+    assert main(["eval", "dataset", "1", "--out", str(tmp_path / "data"), "--api-url", "http://127.0.0.1:9"]) == 2
+    assert "exists and is not an empty directory" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["mine.txt"]

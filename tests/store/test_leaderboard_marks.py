@@ -9,7 +9,11 @@ from sqlalchemy import event
 
 from services.store import queries
 from services.store.db import make_session_factory
-from services.store.statistics import mcnemar_exact, newcombe_paired_interval, newcombe_unpaired_interval
+from services.store.statistics import (
+    mcnemar_exact,
+    newcombe_paired_interval,
+    newcombe_unpaired_interval,
+)
 from tests.store.helpers import add_evaluation, add_policy, run_all
 
 
