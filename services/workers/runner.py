@@ -370,10 +370,16 @@ def _why_not_claimed(session_factory: sessionmaker[Session], episode_id: int,
 def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, worker_id: str,
                       settings: WorkerSettings, *, sleep: Callable[[float], None] = time.sleep) -> RunResult:
     """Claim, play and record stored episode ``episode_id``; safe to call again for the same id."""
-    with session_factory() as session:  # one connection for the claim and the read (fewer round trips)
-        claimed = queries.claim_episode(session, episode_id, worker_id, settings.lease_s,
-                                        max_attempts=settings.max_attempts)
-        job = _load_job(session, episode_id) if claimed else None
+    def claim() -> _Job | None:
+        with session_factory() as session:  # one connection for the claim and the read (fewer round trips)
+            claimed = queries.claim_episode(session, episode_id, worker_id, settings.lease_s,
+                                            max_attempts=settings.max_attempts)
+            return _load_job(session, episode_id) if claimed else None
+
+    # A store that is restarting: wait for it with the message unacknowledged, rather than drop the
+    # message and leave the episode to the sweeper.
+    job = retry_while_store_down(claim, what=f"claiming episode {episode_id}", budget_s=settings.store_retry_s,
+                                 sleep=sleep)
     if job is None:
         return _why_not_claimed(session_factory, episode_id, settings)
     clock = _EpisodeClock(episode_time_limit(job.max_steps, settings))

@@ -141,3 +141,30 @@ def test_the_database_restarts_mid_evaluation(own_postgres, policy_server, redis
                                     "WHERE evaluation_id = :e"), {"e": evaluation_id}).one() == (COUNT, COUNT)
     assert evaluation(sessions, evaluation_id).status == EvaluationStatus.FINISHED
     engine.dispose()
+
+
+def test_a_claim_waits_for_the_store_to_come_back(own_postgres, policy_server):
+    """A worker that receives an episode while the store is down waits for it (its message still
+    unacknowledged), then claims and plays the episode: nothing waits for the sweeper."""
+    from services.workers import runner
+
+    engine = create_db_engine(url=own_postgres.url)
+    sessions = make_session_factory(engine)
+    evaluation_id, ids = make_evaluation(sessions, policy_server.ws_url, 1)
+    own_postgres.stop()
+    engine.dispose()
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 2:
+            own_postgres.start()  # back after two failed claims
+        time.sleep(min(seconds, 0.2))
+
+    result = runner.run_episode_by_id(sessions, ids[0], "waiting-worker", fast_settings(**SETTINGS), sleep=sleep)
+    assert len(slept) >= 2, "the claim was retried while the store was down"
+    assert (result.status in ("succeeded", "failed"), result.failure_reason) == (True, None), result
+    row = episodes_of(sessions, evaluation_id)[0]
+    assert row.attempts == 1 and row.steps is not None and row.worker_id == "waiting-worker"
+    assert evaluation(sessions, evaluation_id).finalised
+    engine.dispose()
