@@ -10,8 +10,9 @@ every pooled connection stuck, the pool's ``TimeoutError``.
 An episode played during the outage is not thrown away: the worker keeps its result and
 ``retry_while_store_down`` writes it once the store answers again — backing off from
 ``first_s`` to ``max_s`` (full jitter), giving up after ``budget_s`` (then the lease expires and
-the sweeper re-runs the episode, so nothing is lost, only redone). A heartbeat that cannot
-reach the store is skipped, not fatal (``services/workers/runner.py``). Errors that are not an
+the sweeper re-runs the episode, so nothing is lost, only redone). A claim waits the same way
+(the broker message stays unacknowledged meanwhile), and a heartbeat that cannot reach the
+store is skipped, not fatal (``services/workers/runner.py``). Errors that are not an
 outage (a constraint violation, a bug) are raised at once.
 """
 
