@@ -21,11 +21,15 @@
    endpoint is never scored as the registered policy. Both are harness failures, left
    out of success rates, and neither is retried;
 4. when the policy server is unreachable or times out, restarts the episode from its
-   seed after an exponential, fully jittered backoff, up to ``policy_retries`` times;
+   seed — at once on another replica where the policy has several endpoints and one is
+   healthy (``services/workers/replicas.py``: least in flight first, fail over, probe
+   the lost one again later), else after an exponential, fully jittered backoff, up to
+   ``policy_retries`` times;
    then the episode fails with ``policy_timeout`` (or ``policy_error`` when the
    server kept answering with errors). A simulator exception fails it with
    ``env_error`` at once (it would fail again); the worker goes on;
-5. writes the result once (``queries.finish_episode``, with the replay GIF's path if
+5. writes the result once — kept and retried while the store is unreachable, as the
+   claim is (``services/workers/store_retry.py``) — (``queries.finish_episode``, with the replay GIF's path if
    one was recorded, the simulator packages' versions it ran with, its renderer
    (``renderer``: for MuJoCo simulators ``MUJOCO_GL``, the OpenGL backend its frames were
    rendered with) and this worker's host name) and finalises the evaluation if that was its last live episode
