@@ -289,15 +289,18 @@ class EvalForgeClient:
         chunk by chunk as the API sends it, never holding it all; returns the bytes written."""
         return self._download(f"/evaluations/{evaluation_id}/episodes", {"format": format}, out)
 
-    def download_dataset(self, evaluation_id: int, out: BinaryIO) -> int:
+    def download_dataset(self, evaluation_id: int, out: BinaryIO, *, timeout_s: float | None = None) -> int:
         """Stream an evaluation's recorded episodes, a LeRobot v3 dataset in an uncompressed tar, to the
-        binary file ``out``; returns the bytes written (404 ``no_recordings`` when none were recorded)."""
-        return self._download(f"/evaluations/{evaluation_id}/dataset", {}, out)
+        binary file ``out``; returns the bytes written (404 ``no_recordings`` when none were recorded).
+        The API builds the dataset before its first byte: ``timeout_s`` (default: the client's) bounds
+        each wait."""
+        return self._download(f"/evaluations/{evaluation_id}/dataset", {}, out, timeout_s=timeout_s)
 
-    def _download(self, path: str, params: dict[str, Any], out: BinaryIO) -> int:
+    def _download(self, path: str, params: dict[str, Any], out: BinaryIO, *, timeout_s: float | None = None) -> int:
         written = 0
+        timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
         try:
-            with self._http.stream("GET", path, params=params) as response:
+            with self._http.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.is_error:
                     response.read()
                     raise ApiRequestError.from_response(response)
@@ -305,7 +308,8 @@ class EvalForgeClient:
                     out.write(chunk)
                     written += len(chunk)
         except httpx.TimeoutException as exc:
-            raise ApiUnreachable(self.api_url, f"no answer within {self.timeout_s:g} s (GET {path})") from exc
+            raise ApiUnreachable(self.api_url, f"no answer within {timeout_s or self.timeout_s:g} s (GET {path})") \
+                from exc
         except httpx.TransportError as exc:
             raise ApiUnreachable(self.api_url, str(exc) or type(exc).__name__) from exc
         return written

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 EXPORT_FORMATS = ("csv", "jsonl", "parquet")
 PARQUET_BATCH_ROWS = 10_000  # rows per parquet row group: one batch in memory, never the whole export
+# The API joins an evaluation's recordings into a dataset before it sends a byte: wait at least this long.
+DATASET_TIMEOUT_S = 600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -318,7 +320,7 @@ def dataset(args: argparse.Namespace, client: EvalForgeClient) -> int:
     try:
         tar_path = scratch / "dataset.tar"
         with tar_path.open("wb") as file:
-            size = client.download_dataset(args.id, file)
+            size = client.download_dataset(args.id, file, timeout_s=max(args.timeout_s, DATASET_TIMEOUT_S))
         with tarfile.open(tar_path) as tar:
             tar.extractall(scratch / "dataset", filter="data")  # refuses absolute paths, links out, devices
         info = json.loads((scratch / "dataset" / "meta" / "info.json").read_text())

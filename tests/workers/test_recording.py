@@ -102,7 +102,7 @@ def test_recorded_rollouts_become_a_lerobot_dataset_that_trainer_vla_trains_on(s
 
     _skip_unless_rendering_works()
     artifacts = tmp_path / "artifacts"
-    settings = fast_settings(artifact_root=artifacts)
+    settings = fast_settings(artifact_root=artifacts, seconds_per_step=5.0)  # a shared CPU: time is not tested here
     plain = _evaluation(sessions, policy_server.ws_url, "none", 2)
     recorded = _evaluation(sessions, policy_server.ws_url, "all", 2)
     plain_rows, rows = _play(sessions, plain, settings), _play(sessions, recorded, settings)
@@ -173,7 +173,7 @@ def test_first_records_each_tasks_first_episode_and_failures_those_that_ran_out_
                                                                                          tmp_path):
     """State only (no cameras): the recording has states and actions and no camera."""
     artifacts = tmp_path / "artifacts"
-    settings = fast_settings(artifact_root=artifacts)
+    settings = fast_settings(artifact_root=artifacts, seconds_per_step=5.0)  # a shared CPU: time is not tested here
     first = _play(sessions, _evaluation(sessions, policy_server.ws_url, "first", 3, cameras=None), settings)
     assert [r.recording_path is not None for r in first] == [True, False, False]
     failures = _play(sessions, _evaluation(sessions, policy_server.ws_url, "failures", 2, cameras=None, seed=7),
