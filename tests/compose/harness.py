@@ -11,7 +11,8 @@ tests/compose/test_stack.py and bench/compose_stack.py drive the same steps:
 2. ``prepare_images()``: with podman, no registry is reachable here, so the stock bases are
    replaced by stand-ins built locally (``tests/compose/images/``: Debian bookworm from
    debootstrap, then python:3.11-slim, postgres and redis look-alikes); the wheelhouse
-   (scripts/build_wheelhouse.py) is filled for the images' Python, once per set of inputs.
+   (scripts/build_wheelhouse.py) is filled for the images' Python, once per set of inputs; it
+   reaches the builds as their `wheelhouse` build context, bind-mounted, so it is never copied.
    Docker uses the stock images and its index. Then ``compose build``: every layer is cached,
    so a second build with the same inputs rebuilds nothing (the test checks the image ids).
 3. ``Stack.up()``: ``docker compose up -d --wait`` (as README says); podman-compose ignores
@@ -245,9 +246,9 @@ class Stack:
         return _run(command, self.env, check=check, timeout=timeout, cwd=REPO)
 
     def build(self) -> dict[str, str]:
-        """``compose build``; the built images' ids."""
+        """``compose build`` of one service per image (the others share them); the built images' ids."""
         started = time.monotonic()
-        self.compose("build", timeout=3600)
+        self.compose("build", *BUILT, timeout=3600)
         self.timings.setdefault("build", time.monotonic() - started)
         return {image: self.engine.image_id(image) or "" for image in BUILT.values()}
 

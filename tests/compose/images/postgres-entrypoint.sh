@@ -1,5 +1,5 @@
 #!/bin/sh
-# First start: initdb with POSTGRES_USER/POSTGRES_PASSWORD, create POSTGRES_DB, password auth from
+# First start: initdb (UTF8, as the official image; SQL_ASCII would hand psycopg bytes) with POSTGRES_USER/POSTGRES_PASSWORD, create POSTGRES_DB, password auth from
 # other hosts. Then exec the server as the postgres user (PID 1, so SIGTERM stops it cleanly).
 set -eu
 if [ "${1:-postgres}" = postgres ]; then
@@ -11,7 +11,7 @@ if [ "${1:-postgres}" = postgres ]; then
     user=${POSTGRES_USER:-postgres}
     pwfile=$(mktemp) && printf '%s\n' "$POSTGRES_PASSWORD" > "$pwfile" && chown postgres "$pwfile"
     setpriv --reuid=postgres --regid=postgres --init-groups \
-      initdb -D "$PGDATA" -U "$user" --pwfile="$pwfile" --auth-local=trust --auth-host=scram-sha-256 >/dev/null
+      initdb -D "$PGDATA" -U "$user" --pwfile="$pwfile" --encoding=UTF8 --locale=C.UTF-8 --auth-local=trust --auth-host=scram-sha-256 >/dev/null
     rm -f "$pwfile"
     echo "host all all all scram-sha-256" >> "$PGDATA/pg_hba.conf"
     setpriv --reuid=postgres --regid=postgres --init-groups \
