@@ -51,6 +51,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -105,6 +106,11 @@ class UtcDateTime(TypeDecorator[datetime]):
 def _check_in(column: str, values: type[enum.StrEnum], name: str) -> CheckConstraint:
     allowed = ", ".join(f"'{v.value}'" for v in values)
     return CheckConstraint(f"{column} IN ({allowed})", name=name)
+
+
+# An episode that is not finished yet, as SQL literals (the partial index ix_episodes_live_evaluation_id
+# and the queries that should use it: a planner matches the predicate only against literal values).
+LIVE_EPISODE_SQL = f"status IN ('{EpisodeStatus.PENDING.value}', '{EpisodeStatus.RUNNING.value}')"
 
 
 # Deterministic constraint names on both backends, so later migrations can name what they drop.
@@ -281,6 +287,10 @@ class Episode(Base):
                         + ", ".join(f"'{r.value}'" for r in FailureReason) + ")",
                         name="failure_reason"),
         Index("ix_episodes_status_lease_expires_at", "status", "lease_expires_at"),
+        # The finalisation check's "any episode of this evaluation left?" (migration 0012): only the
+        # live rows, so it stays small however large the evaluation and however many have finished.
+        Index("ix_episodes_live_evaluation_id", "evaluation_id", postgresql_where=text(LIVE_EPISODE_SQL),
+              sqlite_where=text(LIVE_EPISODE_SQL)),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

@@ -12,9 +12,10 @@ The episode life cycle (the "Evaluation records" contract):
   concurrent claimers wins. ``extend_lease`` is the running worker's heartbeat.
 - ``finish_episode`` writes the result only while the episode is not terminal, so a
   redelivered task's second write is a no-op.
-- ``finalize_evaluation_if_done`` locks the evaluation row, checks that no episode
-  is left, stores the aggregates, and sets ``finished_at`` — once, however many
-  workers call it at the same time.
+- ``finalize_evaluation_if_done`` looks (unlocked, on the partial index of live
+  episodes) whether any episode is left and, only when none is, locks the evaluation
+  row, checks again, stores the aggregates, and sets ``finished_at`` — once, however
+  many workers call it at the same time.
 
 The sweeper's queries (``stale_pending_episode_ids``, ``expired_episode_ids``,
 ``mark_lost_episodes``, ``close_cancelled_running_episodes``,
@@ -49,6 +50,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -58,6 +60,7 @@ from sqlalchemy.orm import Session
 
 from services.store.aggregates import EpisodeResult, is_scored, summarize, wilson_interval
 from services.store.models import (
+    LIVE_EPISODE_SQL,
     Episode,
     EpisodeStatus,
     Evaluation,
@@ -545,17 +548,31 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
     return written is not None
 
 
+def _episodes_left(session: Session, evaluation_id: int) -> bool:
+    """Whether any episode of the evaluation is still pending or running (one probe of the partial
+    index ``ix_episodes_live_evaluation_id``, whatever the evaluation's size)."""
+    return session.scalar(select(Episode.id).where(Episode.evaluation_id == evaluation_id, text(LIVE_EPISODE_SQL))
+                          .limit(1)) is not None
+
+
 def finalize_evaluation_if_done(session: Session, evaluation_id: int) -> bool:
     """If every episode of the evaluation is terminal, store its results and close it; True
-    only for the one call that did (every other concurrent or later call gets False)."""
+    only for the one call that did (every other concurrent or later call gets False).
+
+    Call it after the transaction that ended an episode has committed: it first looks, without a
+    lock, whether any episode is left, and returns False at once if so (most results). That is
+    safe because of that order: of two episodes ending at the same time, the one whose commit is
+    later sees the other's in its look (each statement sees what was committed before it began),
+    so the last one to end always goes on to the locked check below."""
+    if _episodes_left(session, evaluation_id):
+        session.rollback()
+        return False
     row = session.execute(select(Evaluation.status, Evaluation.tasks, Evaluation.finished_at)
                           .where(Evaluation.id == evaluation_id).with_for_update()).first()
     if row is None or row.finished_at is not None:
         session.rollback()
         return False
-    live = session.scalar(select(func.count()).select_from(Episode)
-                          .where(Episode.evaluation_id == evaluation_id, Episode.status.in_(_LIVE)))
-    if live:
+    if _episodes_left(session, evaluation_id):
         session.rollback()
         return False
     results = summarize(_episode_results(session, evaluation_id), row.tasks)
