@@ -9,7 +9,9 @@ The episode life cycle (the "Evaluation records" contract):
   in one transaction, the episodes with one INSERT statement.
 - ``claim_episode`` is a conditional UPDATE: ``pending``, or ``running`` with an
   expired lease → ``running`` with a new lease, attempt + 1. Exactly one of several
-  concurrent claimers wins. ``extend_lease`` is the running worker's heartbeat.
+  concurrent claimers wins. ``claim_running_episode`` is the same claim for an evaluation
+  already running, returning the columns the worker reads, in one statement (PostgreSQL).
+  ``extend_lease`` is the running worker's heartbeat.
 - ``finish_episode`` writes the result only while the episode is not terminal, so a
   redelivered task's second write is a no-op.
 - ``finalize_evaluation_if_done`` looks (unlocked, on the partial index of live
@@ -494,6 +496,40 @@ def claim_episode(session: Session, episode_id: int, worker_id: str, lease_s: fl
         return False
     session.commit()
     return True
+
+
+def claim_running_episode(session: Session, episode_id: int, worker_id: str, lease_s: float,
+                          returning: Sequence[ColumnElement[Any]], *, max_attempts: int | None = None,
+                          now: datetime | None = None) -> Row | None:
+    """``claim_episode`` and the read of what the worker needs, in one statement, for an episode of an
+    evaluation that is already ``running`` (every claim but an evaluation's first): the row of
+    ``returning`` (columns of the episode, as claimed, of its evaluation and of its policy), or
+    None — then nothing was changed, and ``claim_episode`` says whether it can be claimed at all.
+
+    The same conditions as ``claim_episode`` (claimable episode, attempts left, an evaluation
+    neither pending, cancelled nor done) in one conditional ``UPDATE … FROM evaluations, policies
+    … RETURNING``. The evaluation row is read, not locked, as ``claim_episode`` reads it for a
+    running evaluation. PostgreSQL only (SQLite's RETURNING cannot name the other tables): None at
+    once on any other backend."""
+    if session.get_bind().dialect.name != "postgresql":
+        return None
+    now = now or utcnow()
+    conditions = [Episode.id == episode_id, Evaluation.id == Episode.evaluation_id,
+                  Evaluation.status == EvaluationStatus.RUNNING, Policy.id == Evaluation.policy_id,
+                  or_(Episode.status == EpisodeStatus.PENDING,
+                      and_(Episode.status == EpisodeStatus.RUNNING, Episode.lease_expires_at < now))]
+    if max_attempts is not None:
+        conditions.append(Episode.attempts < max_attempts)
+    row = session.execute(
+        update(Episode).where(*conditions)
+        .values(status=EpisodeStatus.RUNNING.value, worker_id=worker_id, attempts=Episode.attempts + 1,
+                lease_expires_at=now + timedelta(seconds=lease_s), started_at=now)
+        .returning(*returning).execution_options(synchronize_session=False)).first()
+    if row is None:
+        session.rollback()
+        return None
+    session.commit()
+    return row
 
 
 def extend_lease(session: Session, episode_id: int, worker_id: str, lease_s: float, *,

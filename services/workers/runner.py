@@ -4,7 +4,8 @@
 
 1. claims the row (``queries.claim_episode``: a conditional update; a finished,
    cancelled or someone else's episode is left alone — that is what makes a
-   redelivered message harmless);
+   redelivered message harmless); in an evaluation already running, on PostgreSQL, the
+   claim and the read of the job are one statement (``queries.claim_running_episode``);
 2. builds the simulator from ``benchmarks`` for the episode's task, seed and step
    limit (one simulator per task is kept per worker process and reset per episode);
 3. plays it with ``benchmarks.runner.run_policy_episode`` through an ``ActionChunkBroker`` on
@@ -34,7 +35,8 @@
    (``renderer``: for MuJoCo simulators ``MUJOCO_GL``, the OpenGL backend its frames were
    rendered with) and this worker's host name) and finalises the evaluation if that was its last live episode
    (``queries.finalize_evaluation_if_done``, which closes it exactly once however many
-   workers race).
+   workers race). The claim and the result each use one pooled connection for all their
+   statements (``_one_connection``: one checkout and pre-ping each, not one per transaction).
 
 Time limit: each episode gets its own, from its row's step limit —
 ``episode_time_limit(max_steps) = max_steps × seconds_per_step + retry budget`` (the
@@ -57,12 +59,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, ValuesView
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from celery.exceptions import SoftTimeLimitExceeded
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 from websockets.exceptions import WebSocketException
 
@@ -336,20 +339,42 @@ class _Job:
     episodes_per_task: int = 1
 
 
+# What a worker reads of an episode, its evaluation and its policy to play it (the fields of _Job).
+_JOB_COLUMNS = (Episode.evaluation_id, Episode.episode_index, Evaluation.suite, Episode.task, Episode.seed,
+                Episode.max_steps, Policy.endpoint, Episode.attempts, Policy.checkpoint_sha256,
+                Evaluation.cameras, Policy.protocol, Policy.observation_keys, Policy.action_dim,
+                Evaluation.inference, Evaluation.record, Evaluation.episodes_per_task)
+
+
 def _load_job(session: Session, episode_id: int) -> _Job:
     row = session.execute(
-        select(Episode.evaluation_id, Episode.episode_index, Evaluation.suite, Episode.task, Episode.seed,
-               Episode.max_steps, Policy.endpoint, Episode.attempts, Policy.checkpoint_sha256,
-               Evaluation.cameras, Policy.protocol, Policy.observation_keys, Policy.action_dim,
-               Evaluation.inference, Evaluation.record, Evaluation.episodes_per_task)
+        select(*_JOB_COLUMNS)
         .join(Evaluation, Evaluation.id == Episode.evaluation_id)
         .join(Policy, Policy.id == Evaluation.policy_id)
         .where(Episode.id == episode_id)).one()
     session.rollback()
+    return _job_from_row(episode_id, row)
+
+
+def _job_from_row(episode_id: int, row: Any) -> _Job:
     *fields, action_dim, inference, record, episodes_per_task = row
     # A server that did not say its action dimension is held to the suite's.
     return _Job(episode_id, *fields, action_dim=action_dim or get_suite(row.suite).action_dim,
                 inference=inference or {}, record=record, episodes_per_task=episodes_per_task)
+
+
+@contextmanager
+def _one_connection(session_factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session that keeps one pooled connection across its commits: one checkout (and one
+    pre-ping) for a claim or a result and what follows it, where a plain session gives its
+    connection back at every commit and checks out (and pings) another for the next statement."""
+    bind = session_factory.kw.get("bind")
+    if not isinstance(bind, Engine):
+        with session_factory() as session:
+            yield session
+        return
+    with bind.connect() as connection, session_factory(bind=connection) as session:
+        yield session
 
 
 def _why_not_claimed(session_factory: sessionmaker[Session], episode_id: int,
@@ -375,7 +400,13 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
                       settings: WorkerSettings, *, sleep: Callable[[float], None] = time.sleep) -> RunResult:
     """Claim, play and record stored episode ``episode_id``; safe to call again for the same id."""
     def claim() -> _Job | None:
-        with session_factory() as session:  # one connection for the claim and the read (fewer round trips)
+        with _one_connection(session_factory) as session:
+            # Most claims: the claim and the job's read in one statement (PostgreSQL, a running evaluation).
+            row = queries.claim_running_episode(session, episode_id, worker_id, settings.lease_s, _JOB_COLUMNS,
+                                                max_attempts=settings.max_attempts)
+            if row is not None:
+                return _job_from_row(episode_id, row)
+            # An evaluation's first claim (it marks it running), SQLite, or an episode not claimable.
             claimed = queries.claim_episode(session, episode_id, worker_id, settings.lease_s,
                                             max_attempts=settings.max_attempts)
             return _load_job(session, episode_id) if claimed else None
@@ -487,7 +518,7 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
     wrote: list[bool | None] = [None]  # finish_episode's answer, kept if finalising then fails
 
     def write_result() -> bool:
-        with session_factory() as session:
+        with _one_connection(session_factory) as session:  # the result and the finalisation check
             if wrote[0] is None:
                 wrote[0] = queries.finish_episode(
                     session, episode_id, success=result.success and reason is None, total_return=result.total_return,
