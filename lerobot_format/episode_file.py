@@ -51,7 +51,7 @@ def save_episode(path: Path | str, episode: Episode, *, fps: float, instruction:
     if episode.reward is not None:
         arrays["reward"] = np.asarray(episode.reward, dtype=np.float32)
     for name, frames in episode.cameras.items():
-        arrays |= _camera_arrays(name, frames)
+        arrays |= camera_arrays(name, frames)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -73,7 +73,11 @@ def load_episode(path: Path | str) -> tuple[Episode, dict[str, Any]]:
             if meta.get("format") != FORMAT or not isinstance(meta.get("version"), int) or meta["version"] > VERSION:
                 raise DatasetError(f"{path}: not an episode file of version ≤ {VERSION} (format {meta.get('format')!r}, "
                                    f"version {meta.get('version')!r}); rewrite it with this version")
-            cameras = {name: _camera_frames(data, name, path) for name in meta.get("cameras", [])}
+            cameras = {}
+            for name in meta.get("cameras", []):
+                if (frames := camera_frames(data, name)) is None:
+                    raise DatasetError(f"{path}: its meta names camera {name!r} but the file holds no frames of it")
+                cameras[name] = frames
             episode = Episode(task=str(meta["task"]), state=data["state"], action=data["action"],
                               reward=data["reward"] if "reward" in data else None, success=bool(meta["success"]),
                               seed=meta.get("seed"), cameras=cameras)
@@ -85,7 +89,9 @@ def load_episode(path: Path | str) -> tuple[Episode, dict[str, Any]]:
     return episode, meta
 
 
-def _camera_arrays(camera: str, frames: CameraFrames) -> dict[str, np.ndarray]:
+def camera_arrays(camera: str, frames: CameraFrames) -> dict[str, np.ndarray]:
+    """A camera's encoded frames as plain arrays for an episode's .npz (no pickled objects);
+    ``camera_frames`` reads them back. trainer collect-demos keeps its shards the same way."""
     arrays = {f"camera.{camera}.shape": np.array([frames.length, frames.height, frames.width], np.int64),
               f"camera.{camera}.histogram": np.asarray(frames.histogram, np.int64),
               f"camera.{camera}.sampled": np.int64(frames.sampled)}
@@ -98,9 +104,11 @@ def _camera_arrays(camera: str, frames: CameraFrames) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _camera_frames(data: Any, camera: str, path: Path) -> CameraFrames:
+def camera_frames(data: Any, camera: str) -> CameraFrames | None:
+    """What ``camera_arrays`` saved of ``camera`` in ``data`` (an opened .npz), back as ``CameraFrames``;
+    None when it holds no frames of that camera."""
     if f"camera.{camera}.shape" not in data:
-        raise DatasetError(f"{path}: its meta names camera {camera!r} but the file holds no frames of it")
+        return None
     length, height, width = (int(v) for v in data[f"camera.{camera}.shape"])
     common = {"height": height, "width": width, "length": length,
               "histogram": data[f"camera.{camera}.histogram"], "sampled": int(data[f"camera.{camera}.sampled"])}

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.registry import EVAL_SEED_START, NoExpertError, Suite, SuiteError, get_suite
+from lerobot_format.episode_file import camera_arrays, camera_frames
 from trainer.data.lerobot import EVALFORGE_PATH, IMAGE_DTYPES, CameraFrames, Episode, write_dataset
 
 WORK_SUFFIX = ".collect"  # the work folder is OUT.collect, beside OUT
@@ -453,7 +454,7 @@ def play_episode(suite_name: str, task: str, seed: int, shard: str,
         fps = int(env.suite.fps)
         for camera, images in frames.items():
             encoded = CameraFrames.encode(np.stack(images), fps=fps, dtype=recording.image_dtype or "video")
-            arrays |= _camera_arrays(camera, encoded)
+            arrays |= camera_arrays(camera, encoded)
     else:
         arrays |= {"state": np.zeros((0, 0), np.float32), "action": np.zeros((0, 0), np.float32),
                    "reward": np.zeros(0, np.float32)}
@@ -466,33 +467,12 @@ def play_episode(suite_name: str, task: str, seed: int, shard: str,
     return attempt
 
 
-def _camera_arrays(camera: str, frames: CameraFrames) -> dict[str, np.ndarray]:
-    """A camera's encoded frames as plain arrays for the episode's .npz (no pickled objects)."""
-    arrays = {f"camera.{camera}.shape": np.array([frames.length, frames.height, frames.width], np.int64),
-              f"camera.{camera}.histogram": frames.histogram,
-              f"camera.{camera}.sampled": np.int64(frames.sampled)}
-    if frames.video is not None:
-        arrays[f"camera.{camera}.video"] = np.frombuffer(frames.video, np.uint8)
-    else:
-        pngs = frames.png or []
-        arrays[f"camera.{camera}.png"] = np.frombuffer(b"".join(pngs), np.uint8)
-        arrays[f"camera.{camera}.png_ends"] = np.cumsum([len(p) for p in pngs]).astype(np.int64)
-    return arrays
-
-
 def _camera_frames(shard: Any, camera: str, path: Path) -> CameraFrames:
-    """What ``_camera_arrays`` saved, back as ``CameraFrames``."""
-    if f"camera.{camera}.shape" not in shard:
+    frames = camera_frames(shard, camera)
+    if frames is None:
         raise CollectionError(f"{path}: no frames of camera {camera}; the episode was recorded without it — "
                               "delete the file to replay it")
-    length, height, width = (int(v) for v in shard[f"camera.{camera}.shape"])
-    common = {"height": height, "width": width, "length": length,
-              "histogram": shard[f"camera.{camera}.histogram"], "sampled": int(shard[f"camera.{camera}.sampled"])}
-    if f"camera.{camera}.video" in shard:
-        return CameraFrames(**common, video=shard[f"camera.{camera}.video"].tobytes())
-    blob, ends = shard[f"camera.{camera}.png"].tobytes(), shard[f"camera.{camera}.png_ends"]
-    starts = np.concatenate([[0], ends[:-1]])
-    return CameraFrames(**common, png=[blob[a:b] for a, b in zip(starts, ends, strict=True)])
+    return frames
 
 
 def _task_report(task: str, records: dict[int, Attempt], kept: list[int], seed: int,
