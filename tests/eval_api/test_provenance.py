@@ -112,6 +112,10 @@ def test_the_page_and_the_cli_show_the_provenance(api):
     assert '<dd id="provenance-inference">horizon 1</dd>' in page
     assert "metaworld 3.1.1, rendered with egl" in page and '<dd id="provenance-hosts">node-7</dd>' in page
     assert metadata.version("evalforge") in page
+    assert '<p id="recording">Recorded rollouts: none' in page
+    recorded = _finished(api, api.register_policy(name="recorded")["id"], 1, record="failures")
+    page = api.client.get(f"/ui/evaluations/{recorded}").text
+    assert f'<code>failures</code> — <a href="/evaluations/{recorded}/dataset">' in page
 
     report = EvaluationDetail.model_validate(api.client.get(f"/evaluations/{evaluation_id}").json())
     out = io.StringIO()
