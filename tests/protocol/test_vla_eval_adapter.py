@@ -4,6 +4,7 @@ server that records what it got."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -213,6 +214,10 @@ def test_episodes_are_bracketed_by_start_and_end(expert):
         client.infer(obs, episode_id="e2")
         client.infer(obs, episode_id="e3")  # a new episode id without a reset starts one too
         assert len(model.starts) == 3
+    # close() sends the last episode's end and returns; the server thread counts it when it reads it
+    deadline = time.monotonic() + 10
+    while model.ends < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert model.ends == 3 and model.hellos == 1
 
 

@@ -23,6 +23,7 @@ RECIPES = {
     "sft-tiny.yaml": (SFTConfig, ["--data.paths", "[data/chat.jsonl]"]),
     "vla-reach-fast.yaml": (VLAConfig, []),
     "vla-mt10.yaml": (VLAConfig, []),
+    "vla-reach-pixels.yaml": (VLAConfig, []),
 }
 
 
