@@ -7,14 +7,26 @@ so the broker URL, the queue name and the task name exist once:
 - ``QueueSettings`` / ``settings``: ``REDIS_URL``, ``EVALFORGE_BROKER_URL``,
   ``EVALFORGE_EPISODE_QUEUE``, ``EVALFORGE_BROKER_TIMEOUT_S``,
   ``EVALFORGE_VISIBILITY_TIMEOUT_S``, read once from the environment;
-- ``RUN_EPISODE_TASK``: the task name (``evalforge.run_episode``), whose one
-  argument is the episode id (``services/workers/tasks.py`` registers it);
+- ``RUN_EPISODE_TASK`` (``evalforge.run_episode``, one argument: an episode id) and
+  ``RUN_EPISODES_TASK`` (``evalforge.run_episodes``, one argument: a list of episode ids, a
+  batch the worker claims, plays and records together): the task names
+  (``services/workers/tasks.py`` registers both; workers keep consuming one-id messages);
 - ``queue_name(simulator)``: one queue per simulator family, ``<EVALFORGE_EPISODE_QUEUE>.<family>``
   (``episodes.metaworld``, ``episodes.libero``…), so each family has its own pool of workers
   (``evalforge worker --simulators``); the bare ``episodes`` queue carries what was enqueued
   without a family (by an older API) and every worker consumes it too;
 - ``transport_options``: the kombu options a broker URL needs;
-- ``CeleryEpisodeQueue``: the producer that publishes one task per episode id.
+- ``CeleryEpisodeQueue``: the producer that publishes the episode ids: one per message, or
+  ``EVALFORGE_EPISODES_PER_MESSAGE`` per message (K > 1: ``evalforge.run_episodes`` batches).
+
+Episodes per message: with K = 1 (the default) every message is the one-id task, as before.
+K > 1 packs up to K ids of one ``enqueue`` call per message: the worker then claims the K with
+one statement, writes their results together and pays Celery's per-message work once per K
+(docs/benchmarks.md, "Batched messages and results"). A batch is played one episode after
+another by one worker thread, so K suits short episodes (the control plane, fast simulators);
+for episodes of minutes leave it at 1 (a batch holds K leases and is redelivered whole, and
+Redis's ``visibility_timeout`` must exceed K × the longest episode). Deploy workers that know
+``evalforge.run_episodes`` before raising K on the API and the sweeper.
 
 Two brokers are supported:
 
@@ -56,6 +68,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 RUN_EPISODE_TASK = "evalforge.run_episode"
 """Task name; its one argument is the episode id."""
 
+RUN_EPISODES_TASK = "evalforge.run_episodes"
+"""Task name; its one argument is a list of episode ids (a batch, ``episodes_per_message`` > 1)."""
+
 PUBLISH_CHUNK = 1000
 """Messages published per Redis pipeline round trip."""
 
@@ -78,6 +93,10 @@ class QueueSettings(BaseSettings):
     episode_queue: str = Field("episodes", description="Queue the episode tasks go to and are consumed from.")
     broker_timeout_s: float = Field(2.0, gt=0, description="Connect/publish timeout of the API and the sweeper "
                                                            "for the broker.")
+    episodes_per_message: int = Field(1, ge=1, le=1000, description=(
+        "Episode ids per broker message: 1 sends one `evalforge.run_episode` task per episode; K > 1 sends "
+        "`evalforge.run_episodes` batches of up to K ids, claimed and recorded together by the worker (for "
+        "short episodes; the workers must know that task)."))
     visibility_timeout_s: int = Field(
         3600, ge=60, description=("Redis: an unacknowledged task is redelivered after this long. Must exceed the "
                                   "longest episode, or a slow episode is run twice (harmless, but wasted)."))
@@ -176,12 +195,18 @@ class EpisodeQueue(Protocol):
 
 
 class CeleryEpisodeQueue:
-    """Publishes ``evalforge.run_episode(episode_id)`` tasks to the episode queue."""
+    """Publishes ``evalforge.run_episode(episode_id)`` tasks to the episode queue, or with
+    ``episodes_per_message`` K > 1 ``evalforge.run_episodes([id, …])`` tasks of up to K ids each."""
 
-    def __init__(self, broker_url: str, queue: str | None = None, timeout_s: float | None = None) -> None:
+    def __init__(self, broker_url: str, queue: str | None = None, timeout_s: float | None = None,
+                 episodes_per_message: int | None = None) -> None:
         self.broker_url = broker_url
         self.queue = queue or settings.episode_queue
         self.timeout_s = timeout_s if timeout_s is not None else settings.broker_timeout_s
+        self.episodes_per_message = (episodes_per_message if episodes_per_message is not None
+                                     else settings.episodes_per_message)
+        if self.episodes_per_message < 1:
+            raise ValueError(f"episodes_per_message must be at least 1, got {self.episodes_per_message}")
         self.app = Celery("evalforge-producer", broker=broker_url, set_as_current=False)
         self.app.conf.update(
             task_serializer="json",
@@ -198,32 +223,36 @@ class CeleryEpisodeQueue:
     def from_settings(cls, queue_settings: QueueSettings | None = None) -> CeleryEpisodeQueue:
         """The producer for ``queue_settings`` (default: from the environment)."""
         s = queue_settings or settings
-        return cls(s.effective_broker_url, s.episode_queue, s.broker_timeout_s)
+        return cls(s.effective_broker_url, s.episode_queue, s.broker_timeout_s, s.episodes_per_message)
 
     def enqueue(self, episode_ids: Sequence[int], simulator: str | None = None) -> int:
-        """Publish in chunks of ``PUBLISH_CHUNK``: on Redis each chunk is one pipeline (kombu's
+        """Publish in chunks of ``PUBLISH_CHUNK`` messages: on Redis each chunk is one pipeline (kombu's
         ``Producer.batch``), and each message is built by Celery's own ``create_task_message`` and
         published straight to the queue (``send_task``'s routing and signals cost 4× more per
-        message: 100,000 episodes took 63 s to reach Redis, now ~10 s). A chunk counts as sent once
+        message: 100,000 episodes took 63 s to reach Redis, now ~10 s). Each message carries one id,
+        or up to ``episodes_per_message`` ids in order. Returns the episodes sent: a chunk counts once
         it was flushed; after a failure the rest stay pending for the sweeper (a message of the
         failed chunk that did land is a harmless duplicate)."""
         sent = 0
         queue = queue_name(simulator, self.queue)
         amqp = self.app.amqp
+        k = self.episodes_per_message
+        ids = [int(i) for i in episode_ids]
+        messages = ([(RUN_EPISODE_TASK, (i,)) for i in ids] if k == 1 else
+                    [(RUN_EPISODES_TASK, (ids[start:start + k],)) for start in range(0, len(ids), k)])
         try:
             # One producer (one broker connection) for the whole batch.
             with self.app.producer_or_acquire() as producer:
-                for start in range(0, len(episode_ids), PUBLISH_CHUNK):
-                    chunk = episode_ids[start:start + PUBLISH_CHUNK]
+                for start in range(0, len(messages), PUBLISH_CHUNK):
+                    chunk = messages[start:start + PUBLISH_CHUNK]
                     with producer.batch(max_size=len(chunk) + 1):
-                        for episode_id in chunk:
-                            message = amqp.create_task_message(uuid(), RUN_EPISODE_TASK, (episode_id,), {},
-                                                               ignore_result=True)
+                        for task, args in chunk:
+                            message = amqp.create_task_message(uuid(), task, args, {}, ignore_result=True)
                             producer.publish(message.body, exchange="", routing_key=queue, serializer="json",
                                              headers=message.headers, retry=True,
                                              retry_policy=self.app.conf.task_publish_retry_policy,
                                              **message.properties)
-                    sent += len(chunk)
+                    sent += sum(1 if task == RUN_EPISODE_TASK else len(args[0]) for task, args in chunk)
         except Exception as exc:
             log.warning("enqueued %d of %d episodes, then the broker failed (%r); the rest stay pending "
                         "until the sweeper re-enqueues them", sent, len(episode_ids), exc)

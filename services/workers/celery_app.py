@@ -12,7 +12,7 @@ finish-once rules make safe:
 - ``visibility_timeout`` (Redis): how long an unacknowledged message waits before
   redelivery — longer than any episode (the embedded broker, ``services/queue.py``,
   has none: the sweeper covers it);
-- JSON only: the queue carries episode ids, never pickles.
+- JSON only: the queue carries episode ids (one per message, or a list: a batch), never pickles.
 
 The task itself is in ``services/workers/tasks.py`` (loaded through ``include``).
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from services.queue import RUN_EPISODE_TASK, QueueSettings, transport_options
+from services.queue import RUN_EPISODE_TASK, RUN_EPISODES_TASK, QueueSettings, transport_options
 from services.queue import settings as default_settings
 
 
@@ -44,7 +44,8 @@ def make_celery_app(settings: QueueSettings | None = None) -> Celery:
         result_serializer="json",
         task_ignore_result=True,  # results live in the store, not in a Celery backend
         task_default_queue=settings.episode_queue,
-        task_routes={RUN_EPISODE_TASK: {"queue": settings.episode_queue}},
+        task_routes={RUN_EPISODE_TASK: {"queue": settings.episode_queue},
+                     RUN_EPISODES_TASK: {"queue": settings.episode_queue}},
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
     )

@@ -35,7 +35,9 @@ the soft limit (``tasks.SOFT_TIME_LIMIT_S``: a simulator or policy call that nev
 returned) is recorded ``worker_lost`` with a message saying so, as the prefork pool's soft
 limit does; past the hard limit the process exits (a stuck C call cannot be interrupted in
 a thread), and the leases of the episodes it still held expire and are re-enqueued by the
-sweeper, as for a killed worker.
+sweeper, as for a killed worker. A batch message (``evalforge.run_episodes``) is timed per
+episode: the runner restarts its task's clock as each episode of the batch starts
+(``track_episode``), so the limits stay one episode's.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class EpisodeWatchdog:
         self._thread: threading.Thread | None = None
 
     def track(self, task_id: str, episode_id: int) -> None:
+        """Time ``episode_id`` from now as the episode task ``task_id`` plays (again, for each episode of a batch)."""
         with self._lock:
             self._running[task_id] = _Running(episode_id, self.clock())
 
@@ -156,8 +159,18 @@ class EpisodeWatchdog:
             self._thread.join(timeout=self.every_s + 1)
 
 
+_installed: EpisodeWatchdog | None = None
+
+
+def track_episode(task_id: str | None, episode_id: int) -> None:
+    """Episode ``episode_id`` of batch task ``task_id`` starts: time it (a no-op without a watchdog)."""
+    if _installed is not None and task_id:
+        _installed.track(task_id, episode_id)
+
+
 def install_watchdog(*, every_s: float = 5.0) -> EpisodeWatchdog:
     """Start an ``EpisodeWatchdog`` on the episode task's limits and connect it to Celery's task signals."""
+    global _installed
     from celery.signals import task_postrun, task_prerun
 
     from services.queue import RUN_EPISODE_TASK
@@ -165,6 +178,7 @@ def install_watchdog(*, every_s: float = 5.0) -> EpisodeWatchdog:
 
     watchdog = EpisodeWatchdog(tasks.session_factory, soft_s=tasks.SOFT_TIME_LIMIT_S, hard_s=tasks.TIME_LIMIT_S,
                                every_s=every_s)
+    _installed = watchdog
 
     def on_prerun(task_id: str | None = None, task: object = None, args: tuple = (), **_: object) -> None:
         if getattr(task, "name", None) == RUN_EPISODE_TASK and task_id and args:

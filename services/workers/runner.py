@@ -87,7 +87,7 @@ from services.protocol.client import (
 )
 from services.protocol.ensemble import make_broker
 from services.protocol.messages import ErrorCode
-from services.store import queries
+from services.store import batches, queries
 from services.store.models import (
     Episode,
     EpisodeStatus,
@@ -116,7 +116,8 @@ class RunResult:
     ``status``: ``succeeded`` / ``failed`` (a result was written by this call),
     ``skipped`` (not claimable: finished, cancelled, or running elsewhere),
     ``lost`` (this call marked it ``worker_lost``: no attempts left),
-    ``superseded`` (the lease went to another worker, or the row was closed, while running).
+    ``superseded`` (the lease went to another worker, or the row was closed, while running),
+    ``cancelled`` (a batch closed it unplayed: its evaluation was cancelled before the batch reached it).
     """
 
     episode_id: int
@@ -359,7 +360,7 @@ def _load_job(session: Session, episode_id: int) -> _Job:
 def _job_from_row(episode_id: int, row: Any) -> _Job:
     *fields, action_dim, inference, record, episodes_per_task = row
     # A server that did not say its action dimension is held to the suite's.
-    return _Job(episode_id, *fields, action_dim=action_dim or get_suite(row.suite).action_dim,
+    return _Job(episode_id, *fields, action_dim=action_dim or get_suite(fields[2]).action_dim,
                 inference=inference or {}, record=record, episodes_per_task=episodes_per_task)
 
 
@@ -417,11 +418,10 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
                                  sleep=sleep)
     if job is None:
         return _why_not_claimed(session_factory, episode_id, settings)
-    clock = _EpisodeClock(episode_time_limit(job.max_steps, settings))
 
     last_beat = time.monotonic()
 
-    def heartbeat(_step: int = 0) -> None:
+    def heartbeat() -> None:
         nonlocal last_beat
         if time.monotonic() - last_beat < settings.heartbeat_s:
             return
@@ -440,10 +440,65 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
             raise LeaseLost(f"episode {episode_id} is no longer held by {worker_id}")
         last_beat = time.monotonic()
 
+    played = _play_claimed(session_factory, job, settings, heartbeat, sleep)
+    if isinstance(played, RunResult):
+        return played
+    family = get_suite(job.suite).simulator
+    wrote: list[bool | None] = [None]  # finish_episode's answer, kept if finalising then fails
+
+    def write_result() -> bool:
+        with _one_connection(session_factory) as session:  # the result and the finalisation check
+            if wrote[0] is None:
+                wrote[0] = queries.finish_episode(
+                    session, episode_id, success=played.succeeded, total_return=played.result.total_return,
+                    steps=played.result.steps, duration_s=played.result.duration_s,
+                    latency_mean_ms=played.result.latency_mean_ms, latency_p95_ms=played.result.latency_p95_ms,
+                    failure_reason=played.reason, error_message=played.message[:2000] if played.message else None,
+                    artifact_path=played.artifact_path, recording_path=played.recording_path,
+                    simulator_versions=simulator_versions(family), renderer=renderer(family),
+                    initial_state_index=_initial_state_index(job), worker_host=socket.gethostname())
+            return queries.finalize_evaluation_if_done(session, job.evaluation_id)
+
+    # A store that is restarting does not lose the episode: the result is written once it is back.
+    finalised = retry_while_store_down(write_result, what=f"episode {episode_id}'s result",
+                                       budget_s=settings.store_retry_s, sleep=sleep)
+    if not wrote[0]:
+        return RunResult(episode_id, "superseded", attempts=job.attempts, finalised=finalised,
+                         detail="the episode was closed by someone else meanwhile")
+    return played.run_result(job, finalised=finalised)
+
+
+@dataclass(frozen=True, slots=True)
+class _Played:
+    """What playing a claimed episode came to, before its result is written."""
+
+    result: EpisodeResult
+    reason: FailureReason | None
+    message: str | None
+    artifact_path: str | None
+    recording_path: str | None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.result.success and self.reason is None
+
+    def run_result(self, job: _Job, *, finalised: bool) -> RunResult:
+        return RunResult(job.episode_id, "succeeded" if self.succeeded else "failed",
+                         self.reason.value if self.reason else None, job.attempts, finalised, self.message or "")
+
+
+def _play_claimed(session_factory: sessionmaker[Session], job: _Job, settings: WorkerSettings,
+                  heartbeat: Callable[[], None], sleep: Callable[[float], None]) -> _Played | RunResult:
+    """Play a claimed episode: its tries against the policy server, its time limit, its replay and
+    recording; ``heartbeat()`` is called every step (it extends the lease when one is due, and raises
+    ``LeaseLost`` when the episode is no longer this worker's: then a ``superseded`` ``RunResult``)."""
+    episode_id = job.episode_id
+    clock = _EpisodeClock(episode_time_limit(job.max_steps, settings))
+
     def on_step(step: int) -> None:
         if clock.left() < 0:
             raise _OutOfTime(step)
-        heartbeat(step)
+        heartbeat()
 
     result = EpisodeResult()
     reason: FailureReason | None = None
@@ -514,32 +569,7 @@ def run_episode_by_id(session_factory: sessionmaker[Session], episode_id: int, w
         recording_path = recording.save_recording(rollouts[-1], settings.artifact_root, evaluation_id=job.evaluation_id,
                                                   episode_index=job.episode_index, seed=job.seed,
                                                   success=result.success)
-    family = get_suite(job.suite).simulator
-    wrote: list[bool | None] = [None]  # finish_episode's answer, kept if finalising then fails
-
-    def write_result() -> bool:
-        with _one_connection(session_factory) as session:  # the result and the finalisation check
-            if wrote[0] is None:
-                wrote[0] = queries.finish_episode(
-                    session, episode_id, success=result.success and reason is None, total_return=result.total_return,
-                    steps=result.steps, duration_s=result.duration_s, latency_mean_ms=result.latency_mean_ms,
-                    latency_p95_ms=result.latency_p95_ms, failure_reason=reason,
-                    error_message=message[:2000] if message else None, artifact_path=artifact_path,
-                    recording_path=recording_path,
-                    simulator_versions=simulator_versions(family), renderer=renderer(family),
-                    initial_state_index=_initial_state_index(job), worker_host=socket.gethostname())
-            return queries.finalize_evaluation_if_done(session, job.evaluation_id)
-
-    # A store that is restarting does not lose the episode: the result is written once it is back.
-    finalised = retry_while_store_down(write_result, what=f"episode {episode_id}'s result",
-                                       budget_s=settings.store_retry_s, sleep=sleep)
-    written = bool(wrote[0])
-    if not written:
-        return RunResult(episode_id, "superseded", attempts=job.attempts, finalised=finalised,
-                         detail="the episode was closed by someone else meanwhile")
-    ok = result.success and reason is None
-    return RunResult(episode_id, "succeeded" if ok else "failed", reason.value if reason else None,
-                     job.attempts, finalised, message or "")
+    return _Played(result, reason, message, artifact_path, recording_path)
 
 
 def renderer(family: str) -> str | None:
@@ -642,3 +672,282 @@ def _play(job: _Job, settings: WorkerSettings, clock: _EpisodeClock, on_step: Ca
     latency_mean_ms, latency_p95_ms = latency_summary_ms(broker.latencies_s)
     return EpisodeResult(success=outcome.success, total_return=outcome.total_reward, steps=outcome.steps,
                          duration_s=outcome.duration_s, latency_mean_ms=latency_mean_ms, latency_p95_ms=latency_p95_ms)
+
+
+# ---------------------------------------------------------------------------- batches (PostgreSQL)
+#
+# A message of K episode ids (services.queue: EVALFORGE_EPISODES_PER_MESSAGE) is played by one task:
+# the K claims and the reads of their jobs are one statement (services.store.batches.claim_episodes);
+# the episodes are played one after the other in the task's thread, every lease the batch still holds
+# is extended by one statement per heartbeat; each result goes to this process's ResultWriter, which
+# writes what every thread has finished in one statement every RESULT_FLUSH_S (or when a task ends
+# its batch) and then checks finalisation once per evaluation written.
+
+RESULT_FLUSH_S = 0.1
+"""Longest a finished episode's result waits in a worker before it is written with the others."""
+
+
+def batches_supported(session_factory: sessionmaker[Session]) -> bool:
+    """Whether the store takes the batched statements (PostgreSQL); SQLite keeps the per-episode path."""
+    bind = session_factory.kw.get("bind")
+    return isinstance(bind, Engine) and bind.dialect.name == "postgresql"
+
+
+@dataclass
+class _PendingResult:
+    """A result handed to the ``ResultWriter``; ``done`` is set once it was written or refused (``written``)."""
+
+    outcome: batches.EpisodeOutcome
+    evaluation_id: int
+    done: threading.Event
+    written: bool = False
+    finalised: bool = False
+    error: BaseException | None = None
+
+
+class ResultWriter:
+    """One worker process's buffer of finished episodes' results, written together.
+
+    ``add`` hands a result over (it returns at once); a daemon thread writes whatever is pending
+    ``flush_s`` after the first of it arrived; ``wait(items)`` writes at once what is still pending
+    and returns when ``items`` are written (a task acknowledges its message only then, so a worker
+    killed meanwhile loses leases, never a result it acknowledged). Each write is one
+    ``batches.finish_episodes`` (each row written only while still this worker's, at its attempt)
+    and then one ``queries.finalize_evaluation_if_done`` per evaluation written, on one connection;
+    a store that is restarting is waited for as for a single result (``retry_while_store_down``)."""
+
+    def __init__(self, session_factory: sessionmaker[Session], worker_id: str, *, flush_s: float = RESULT_FLUSH_S,
+                 store_retry_s: float = 300.0) -> None:
+        self.session_factory = session_factory
+        self.worker_id = worker_id
+        self.flush_s = flush_s
+        self.store_retry_s = store_retry_s
+        self._pending: list[_PendingResult] = []
+        self._cond = threading.Condition()
+        self._flushing = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def add(self, outcome: batches.EpisodeOutcome, evaluation_id: int) -> _PendingResult:
+        item = _PendingResult(outcome, evaluation_id, threading.Event())
+        with self._cond:
+            self._pending.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="evalforge-result-writer", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return item
+
+    def wait(self, items: list[_PendingResult]) -> None:
+        """Return once every one of ``items`` is written or refused; raise the store's error if writing failed."""
+        if any(not item.done.is_set() for item in items):
+            self.flush()
+        for item in items:
+            item.done.wait()
+            if item.error is not None:
+                raise item.error
+
+    def flush(self) -> None:
+        """Write everything pending now (after a write already under way, which may hold some of it)."""
+        with self._flushing:
+            with self._cond:
+                take, self._pending = self._pending, []
+            if take:
+                self._write(take)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending:
+                    self._cond.wait()
+            time.sleep(self.flush_s)
+            try:
+                self.flush()
+            except Exception:  # recorded on the items; their tasks raise it
+                log.exception("writing episode results failed")
+
+    def _write(self, take: list[_PendingResult]) -> None:
+        written: dict[tuple[int, int], int] | None = None
+
+        def write() -> set[int]:
+            nonlocal written
+            with _one_connection(self.session_factory) as session:
+                if written is None:
+                    written = batches.finish_episodes(session, [item.outcome for item in take], self.worker_id)
+                evaluations = sorted(set(written.values()))
+                return {e for e in evaluations if queries.finalize_evaluation_if_done(session, e)}
+
+        try:
+            finalised = retry_while_store_down(write, what=f"{len(take)} episode results",
+                                               budget_s=self.store_retry_s)
+        except BaseException as exc:
+            for item in take:
+                item.error = exc
+                item.done.set()
+            raise
+        assert written is not None
+        for item in take:
+            item.written = (item.outcome.episode_id, item.outcome.attempts) in written
+            if item.written and item.evaluation_id in finalised:
+                item.finalised = True
+                finalised.discard(item.evaluation_id)  # said once, by one of its results
+            item.done.set()
+
+
+_writers: dict[tuple[int, int, str], ResultWriter] = {}
+_writers_lock = threading.Lock()
+
+
+def result_writer(session_factory: sessionmaker[Session], worker_id: str, settings: WorkerSettings) -> ResultWriter:
+    """This process's ``ResultWriter`` for ``session_factory`` and ``worker_id`` (a forked child makes its own)."""
+    key = (os.getpid(), id(session_factory), worker_id)
+    with _writers_lock:
+        writer = _writers.get(key)
+        if writer is None:
+            writer = _writers[key] = ResultWriter(session_factory, worker_id, store_retry_s=settings.store_retry_s)
+        return writer
+
+
+class _BatchLeases:
+    """The leases one batch holds: all extended by one statement per ``heartbeat_s``; the beat says which
+    were lost (taken over, closed) and which belong to an evaluation cancelled meanwhile."""
+
+    def __init__(self, session_factory: sessionmaker[Session], worker_id: str, settings: WorkerSettings,
+                 held: dict[int, int]) -> None:
+        self.session_factory, self.worker_id, self.settings = session_factory, worker_id, settings
+        self.held = dict(held)  # episode id → the attempt this worker claimed
+        self.lost: set[int] = set()
+        self.cancelled: set[int] = set()
+        self.last = time.monotonic()
+
+    def beat_if_due(self) -> None:
+        if time.monotonic() - self.last < self.settings.heartbeat_s or not self.held:
+            return
+        try:
+            with self.session_factory() as session:
+                found = batches.extend_leases(session, list(self.held.items()), self.worker_id, self.settings.lease_s)
+        except Exception as exc:
+            if not is_store_outage(exc):
+                raise
+            log.warning("episodes %s: heartbeat skipped, the store is unreachable (%s)", sorted(self.held),
+                        str(exc).splitlines()[0][:200])
+            found = None
+        if found is not None:
+            for episode_id in set(self.held) - found.held:
+                self.lost.add(episode_id)
+                del self.held[episode_id]
+            self.cancelled |= found.cancelled
+        self.last = time.monotonic()
+
+    def heartbeat_of(self, episode_id: int) -> Callable[[], None]:
+        def heartbeat() -> None:
+            self.beat_if_due()
+            if episode_id in self.lost:
+                raise LeaseLost(f"episode {episode_id} is no longer held by {self.worker_id}")
+        return heartbeat
+
+    def release(self, episode_id: int) -> None:
+        self.held.pop(episode_id, None)
+
+
+def _claim_batch(session_factory: sessionmaker[Session], episode_ids: list[int], worker_id: str,
+                 settings: WorkerSettings, *, sleep: Callable[[float], None]) -> dict[int, _Job]:
+    claimed: dict[int, Any] = {}
+
+    def claim() -> None:
+        with _one_connection(session_factory) as session:
+            missing = [i for i in episode_ids if i not in claimed]
+            for row in batches.claim_episodes(session, missing, worker_id, settings.lease_s,
+                                              max_attempts=settings.max_attempts):
+                claimed[row[0]] = row
+            # An evaluation's first claims: it is marked running with them (rare: one batch per evaluation).
+            missing = [i for i in episode_ids if i not in claimed]
+            for row in batches.claim_episodes(session, missing, worker_id, settings.lease_s,
+                                              max_attempts=settings.max_attempts, start_pending=True):
+                claimed[row[0]] = row
+
+    retry_while_store_down(claim, what=f"claiming episodes {episode_ids[0]}…{episode_ids[-1]}",
+                           budget_s=settings.store_retry_s, sleep=sleep)
+    return {episode_id: _job_from_row(episode_id, row[1:]) for episode_id, row in claimed.items()}
+
+
+def _outcome(job: _Job, played: _Played) -> batches.EpisodeOutcome:
+    family = get_suite(job.suite).simulator
+    result = played.result
+    return batches.EpisodeOutcome(
+        job.episode_id, job.attempts, (EpisodeStatus.SUCCEEDED if played.succeeded else EpisodeStatus.FAILED).value,
+        played.succeeded, total_return=result.total_return, steps=result.steps, duration_s=result.duration_s,
+        latency_mean_ms=result.latency_mean_ms, latency_p95_ms=result.latency_p95_ms,
+        failure_reason=played.reason.value if played.reason else None,
+        error_message=played.message[:2000] if played.message else None, artifact_path=played.artifact_path,
+        recording_path=played.recording_path, simulator_versions=simulator_versions(family) or None,
+        initial_state_index=_initial_state_index(job), worker_host=_HOST, renderer=renderer(family))
+
+
+_HOST = socket.gethostname()
+
+
+def run_episode_batch(session_factory: sessionmaker[Session], episode_ids: list[int], worker_id: str,
+                      settings: WorkerSettings, *, sleep: Callable[[float], None] = time.sleep,
+                      on_start: Callable[[int], None] | None = None) -> list[RunResult]:
+    """Claim, play and record the stored episodes ``episode_ids`` (one message's batch), one after the
+    other; one ``RunResult`` per distinct id, in their order. Safe to call again with the same ids.
+
+    Every per-episode rule of ``run_episode_by_id`` holds per row: an id that is not claimable is
+    skipped (or closed ``worker_lost`` when out of attempts); an episode whose lease was lost is
+    dropped (``superseded``); one of an evaluation cancelled before the batch reached it is closed
+    ``cancelled`` unplayed (the one playing finishes, as running episodes do); each result is written
+    once, only while the episode is still this worker's. ``on_start(episode_id)`` is called as each
+    episode starts (the in-flight watchdog's clock). On SQLite: ``run_episode_by_id`` per id."""
+    ids = list(dict.fromkeys(int(i) for i in episode_ids))
+    if not batches_supported(session_factory):
+        results = []
+        for episode_id in ids:
+            if on_start is not None:
+                on_start(episode_id)
+            results.append(run_episode_by_id(session_factory, episode_id, worker_id, settings, sleep=sleep))
+        return results
+    writer = result_writer(session_factory, worker_id, settings)
+    jobs = _claim_batch(session_factory, ids, worker_id, settings, sleep=sleep)
+    results: dict[int, RunResult] = {i: _why_not_claimed(session_factory, i, settings) for i in ids if i not in jobs}
+    leases = _BatchLeases(session_factory, worker_id, settings, {i: job.attempts for i, job in jobs.items()})
+    pending: list[tuple[_Job, _Played | None, _PendingResult]] = []
+    try:
+        for episode_id in (i for i in ids if i in jobs):
+            job = jobs[episode_id]
+            leases.beat_if_due()
+            if episode_id in leases.lost:
+                results[episode_id] = RunResult(episode_id, "superseded", attempts=job.attempts,
+                                                detail=f"episode {episode_id} is no longer held by {worker_id}")
+                continue
+            if episode_id in leases.cancelled:  # cancelled before it started: closed, never played
+                leases.release(episode_id)
+                outcome = batches.EpisodeOutcome(episode_id, job.attempts, EpisodeStatus.CANCELLED.value, False,
+                                                 failure_reason=FailureReason.CANCELLED.value, worker_host=_HOST)
+                pending.append((job, None, writer.add(outcome, job.evaluation_id)))
+                continue
+            if on_start is not None:
+                on_start(episode_id)
+            try:
+                played = _play_claimed(session_factory, job, settings, leases.heartbeat_of(episode_id), sleep)
+            except SoftTimeLimitExceeded as exc:
+                exc.episode_id = episode_id  # the task records it worker_lost; the rest keep their leases
+                raise
+            leases.release(episode_id)  # from here its lease lasts until the writer's next write
+            if isinstance(played, RunResult):
+                results[episode_id] = played
+                continue
+            pending.append((job, played, writer.add(_outcome(job, played), job.evaluation_id)))
+    finally:
+        writer.wait([item for _, _, item in pending])
+    for job, played, item in pending:
+        if not item.written:
+            results[job.episode_id] = RunResult(job.episode_id, "superseded", attempts=job.attempts,
+                                                finalised=item.finalised,
+                                                detail="the episode was closed by someone else meanwhile")
+        elif played is None:
+            results[job.episode_id] = RunResult(job.episode_id, "cancelled", FailureReason.CANCELLED.value,
+                                                job.attempts, item.finalised, "its evaluation was cancelled")
+        else:
+            results[job.episode_id] = played.run_result(job, finalised=item.finalised)
+    return [results[i] for i in ids]
