@@ -23,6 +23,8 @@ Indexes and who needs them:
 - ``evaluation_tags (tag, evaluation_id)``: the listing's tag filter.
 - ``evaluations (created_by_key_id, idempotency_key)`` unique: an ``Idempotency-Key``
   replays only the evaluation the same API key made with it.
+- ``evaluations (id) WHERE episodes_unmaterialized > 0`` (partial): the few large evaluations
+  whose episode rows are still being written after their 202, which the sweeper finishes.
 
 Ownership: policies and evaluations record the API key that created them
 (``created_by_key_id``; NULL for rows made before migration 0003, which only an
@@ -113,6 +115,10 @@ def _check_in(column: str, values: type[enum.StrEnum], name: str) -> CheckConstr
 LIVE_EPISODE_SQL = f"status IN ('{EpisodeStatus.PENDING.value}', '{EpisodeStatus.RUNNING.value}')"
 
 
+# An evaluation whose episode rows are still being written (the partial index ix_evaluations_unmaterialized).
+UNMATERIALIZED_SQL = "episodes_unmaterialized > 0"
+
+
 # Deterministic constraint names on both backends, so later migrations can name what they drop.
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_N_label)s",
@@ -199,6 +205,12 @@ class Evaluation(Base):
 
     The result columns (``episodes_scored`` … ``aggregates``) are written once, by
     ``finalize_evaluation_if_done``; until then the API computes them live.
+
+    The row is the plan: its tasks, episodes per task, and its protocol's step limits and first
+    seed determine every episode (``queries.planned_episodes``). A small evaluation gets all its
+    episode rows in the transaction that creates it; a large one gets them after the 202, in
+    chunks (``queries.materialize_episodes``): ``episodes_unmaterialized`` counts the rows not
+    written yet — always the last ones, indexes ``episodes_total - episodes_unmaterialized`` on.
     """
 
     __tablename__ = "evaluations"
@@ -211,6 +223,9 @@ class Evaluation(Base):
         Index("ix_evaluations_suite_id", "suite", "id"),
         Index("ix_evaluations_suite_definition_hash", "suite", "definition_hash"),
         UniqueConstraint("created_by_key_id", "idempotency_key"),
+        # The sweeper's "whose episode rows are still to write?" (migration 0013): only those rows.
+        Index("ix_evaluations_unmaterialized", "id", postgresql_where=text(UNMATERIALIZED_SQL),
+              sqlite_where=text(UNMATERIALIZED_SQL)),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
@@ -240,6 +255,9 @@ class Evaluation(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_sha256: Mapped[str | None] = mapped_column(String(64))
     episodes_total: Mapped[int] = mapped_column(Integer)
+    # Episodes of the plan whose rows do not exist yet (the last ones); 0 once all do (migration 0013).
+    # Finalisation waits for 0: an evaluation never finishes on the rows written so far.
+    episodes_unmaterialized: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())

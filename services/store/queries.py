@@ -6,7 +6,16 @@ so a caller never holds locks across network calls.
 The episode life cycle (the "Evaluation records" contract):
 
 - ``create_evaluation`` writes the evaluation and all its episode rows (``pending``)
-  in one transaction, the episodes with one INSERT statement.
+  in one transaction, the episodes with one INSERT statement — for up to
+  ``INLINE_EPISODES`` episodes. A larger evaluation is written without episode rows:
+  the evaluation row is the plan (``planned_episodes``), and ``materialize_episodes``
+  writes its rows after the 202, ``MATERIALIZE_CHUNK`` per transaction in index order
+  (``INSERT … ON CONFLICT DO NOTHING`` on ``(evaluation_id, episode_index)``), counting
+  ``episodes_unmaterialized`` down; ``materialize_all`` hands each chunk's ids to the
+  caller's publisher after its commit. The API runs it after the response; the sweeper
+  finishes one an API process left unfinished (``unmaterialized_evaluations``). A chunk
+  written after the evaluation was cancelled is written ``cancelled``, so every evaluation
+  ends with ``episodes_total`` rows, one result each.
 - ``claim_episode`` is a conditional UPDATE: ``pending``, or ``running`` with an
   expired lease → ``running`` with a new lease, attempt + 1. Exactly one of several
   concurrent claimers wins. ``claim_running_episode`` is the same claim for an evaluation
@@ -15,9 +24,9 @@ The episode life cycle (the "Evaluation records" contract):
 - ``finish_episode`` writes the result only while the episode is not terminal, so a
   redelivered task's second write is a no-op.
 - ``finalize_evaluation_if_done`` looks (unlocked, on the partial index of live
-  episodes) whether any episode is left and, only when none is, locks the evaluation
-  row, checks again, stores the aggregates, and sets ``finished_at`` — once, however
-  many workers call it at the same time.
+  episodes) whether any episode is left — a live row, or one not materialised yet — and,
+  only when none is, locks the evaluation row, checks again, stores the aggregates, and
+  sets ``finished_at`` — once, however many workers call it at the same time.
 
 The sweeper's queries (``stale_pending_episode_ids``, ``expired_episode_ids``,
 ``mark_lost_episodes``, ``close_cancelled_running_episodes``,
@@ -26,13 +35,14 @@ behind; the writes among them are conditional updates on episodes only.
 
 Lock order, to stay deadlock-free on PostgreSQL: a transaction that locks both an
 evaluation and its episodes locks the evaluation first (``claim_episode``,
-``cancel_evaluation``); the others lock only one of the two.
+``cancel_evaluation``, ``materialize_episodes``); the others lock only one of the two.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -56,6 +66,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -63,6 +75,7 @@ from sqlalchemy.orm import Session
 from services.store.aggregates import EpisodeResult, is_scored, summarize, wilson_interval
 from services.store.models import (
     LIVE_EPISODE_SQL,
+    UNMATERIALIZED_SQL,
     Episode,
     EpisodeStatus,
     Evaluation,
@@ -81,6 +94,8 @@ from services.store.statistics import (
     newcombe_paired_interval,
     newcombe_unpaired_interval,
 )
+
+log = logging.getLogger("evalforge.store.queries")
 
 _LIVE = (EpisodeStatus.PENDING.value, EpisodeStatus.RUNNING.value)
 _DONE_EVALUATION = (EvaluationStatus.FINISHED.value, EvaluationStatus.FAILED.value)
@@ -226,6 +241,19 @@ class EpisodeSpec:
     max_steps: int
 
 
+INLINE_EPISODES = 10_000
+"""Evaluations of up to this many episodes get all their rows in the transaction that creates them
+(the path every evaluation took before migration 0013); larger ones get them after the 202. 10,000:
+the API's default cap per evaluation (``EVALFORGE_MAX_EPISODES_PER_EVALUATION``), so a default
+deployment never leaves that path, and 10,000 rows insert in ≈ 0.25 s on PostgreSQL (2.4 s per
+100,000 measured, docs/benchmarks.md), which keeps even the largest inline 202 well under 1 s."""
+
+MATERIALIZE_CHUNK = 10_000
+"""Episode rows per transaction when a large evaluation is materialised after its 202: ≈ 0.25 s of
+insert holding the evaluation's row lock, then its ids are enqueued (ten 1,000-message pipelines),
+so workers start on the first chunk while the next is written."""
+
+
 @dataclass(frozen=True, slots=True)
 class CreatedEvaluation:
     evaluation: Evaluation
@@ -240,9 +268,17 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
                       created_by_key_id: int | None = None,
                       cameras: Mapping[str, Sequence[int]] | None = None,
                       inference: Mapping[str, Any] | None = None, protocol: Mapping[str, Any] | None = None,
-                      definition_hash: str | None = None, record: str = "none") -> CreatedEvaluation:
+                      definition_hash: str | None = None, record: str = "none",
+                      inline_episodes: int | None = None) -> CreatedEvaluation:
     """Insert an evaluation, owned by API key ``created_by_key_id``, and all its ``pending``
     episode rows in one transaction.
+
+    More than ``inline_episodes`` (default ``INLINE_EPISODES``) episodes that follow the
+    protocol's plan (``planned_episodes``: always so for what the API plans) are not written
+    here: the evaluation is stored with ``episodes_unmaterialized = len(episodes)`` and no
+    episode rows (``episode_ids`` is empty), and the caller runs ``materialize_all`` after
+    answering. Without a protocol record, or with episodes the plan does not reproduce (a
+    caller's own list), every row is written here, as for a small evaluation.
 
     With an ``idempotency_key`` the same API key already used for the same
     ``request_sha256``, returns that evaluation (``created=False``, no new rows); for
@@ -267,17 +303,21 @@ def create_evaluation(session: Session, *, policy_id: int, suite: str, tasks: Se
         if existing is not None:
             return existing
     now = utcnow()
+    deferred = (len(episodes) > (INLINE_EPISODES if inline_episodes is None else inline_episodes)
+                and _follows_plan(episodes, protocol, episodes_per_task))
     evaluation = Evaluation(
         policy_id=policy_id, suite=suite, tasks=list(tasks), episodes_per_task=episodes_per_task, seed=seed,
         max_steps=max_steps, standard=standard, status=EvaluationStatus.PENDING.value,
         idempotency_key=idempotency_key, request_sha256=request_sha256, episodes_total=len(episodes),
         created_by_key_id=created_by_key_id, cameras=camera_sizes(cameras),
         inference=dict(inference) if inference else null(),  # SQL NULL (not JSON null): the defaults
-        protocol=dict(protocol) if protocol else null(), definition_hash=definition_hash, record=RecordMode(record).value, created_at=now, tag_rows=[EvaluationTag(tag=tag) for tag in sorted(set(tags))])
+        protocol=dict(protocol) if protocol else null(), definition_hash=definition_hash, record=RecordMode(record).value, created_at=now,
+        episodes_unmaterialized=len(episodes) if deferred else 0,
+        tag_rows=[EvaluationTag(tag=tag) for tag in sorted(set(tags))])
     session.add(evaluation)
     try:
         session.flush()
-        episode_ids = _insert_episodes(session, evaluation.id, episodes, now)
+        episode_ids = [] if deferred else _insert_episodes(session, evaluation.id, episodes, now)
         session.commit()
     except IntegrityError:
         session.rollback()
@@ -301,6 +341,7 @@ def _insert_episodes(session: Session, evaluation_id: int, episodes: Sequence[Ep
     parameters whatever the count, ~20 ms for 1,000 rows. (A multi-row VALUES list
     of 8,000 placeholders costs psycopg more to parse than the database to insert.)
     Elsewhere (SQLite): Core's multi-row INSERT … RETURNING.
+    (``_insert_episode_chunk`` is the same insert for a chunk written after the 202.)
     """
     table = Episode.__table__
     if session.get_bind().dialect.name == "postgresql":
@@ -320,6 +361,166 @@ def _insert_episodes(session: Session, evaluation_id: int, episodes: Sequence[Ep
                                           EpisodeStatus.PENDING.value, 0, now), strict=True))
               for index, spec in enumerate(episodes)]
     return list(session.scalars(insert(table).returning(table.c.id, sort_by_parameter_order=True), values))
+
+
+def planned_episodes(protocol: Mapping[str, Any] | None, episodes_per_task: int, start: int,
+                     stop: int) -> list[EpisodeSpec]:
+    """Episodes ``start`` … ``stop - 1`` of an evaluation, from what its row records: task-major
+    (episode ``k`` runs task ``k // episodes_per_task`` of the protocol's ``tasks``, at that task's
+    ``max_steps``) and, within a task, seeds counting up from the protocol's ``first_seed`` (the
+    planner's ``evaluation_seed(seed + i)`` is ``first_seed + i``; ``create_evaluation`` defers an
+    evaluation only after checking that the planner's episodes are exactly these).
+
+    ``ValueError`` when the protocol lacks the tasks or the first seed (rows made before 0009)."""
+    plan = _plan_of(protocol, episodes_per_task)
+    if plan is None:
+        raise ValueError("this evaluation's protocol record has no tasks, step limits or first seed to plan "
+                         "its episodes from")
+    limits, first_seed = plan
+    if not 0 <= start <= stop <= len(limits) * episodes_per_task:
+        raise ValueError(f"episodes {start}…{stop - 1} are outside the plan's {len(limits) * episodes_per_task}")
+    return [EpisodeSpec(task=limits[k // episodes_per_task][0], seed=first_seed + k % episodes_per_task,
+                        max_steps=limits[k // episodes_per_task][1]) for k in range(start, stop)]
+
+
+def _plan_of(protocol: Mapping[str, Any] | None, episodes_per_task: int) -> tuple[list[tuple[str, int]], int] | None:
+    """``([(task, max_steps)], first_seed)`` from a protocol record, or None when it has not got them."""
+    try:
+        limits = [(str(task["name"]), int(task["max_steps"])) for task in protocol["tasks"]]  # type: ignore[index]
+        first_seed = int(protocol["seeds"]["first_seed"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return (limits, first_seed) if limits and episodes_per_task >= 1 else None
+
+
+def _follows_plan(episodes: Sequence[EpisodeSpec], protocol: Mapping[str, Any] | None,
+                  episodes_per_task: int) -> bool:
+    """Whether ``planned_episodes`` reproduces ``episodes`` exactly (every task, seed and step limit):
+    only then may their rows be written later from the evaluation row alone."""
+    plan = _plan_of(protocol, episodes_per_task)
+    if plan is None:
+        return False
+    limits, first_seed = plan
+    if len(episodes) != len(limits) * episodes_per_task:
+        return False
+    for k, spec in enumerate(episodes):
+        task, max_steps = limits[k // episodes_per_task]
+        if spec.task != task or spec.seed != first_seed + k % episodes_per_task or spec.max_steps != max_steps:
+            log.warning("episode %d (%s, seed %d) is not what the protocol plans (%s, seed %d): writing all %d "
+                        "episode rows in the request's transaction", k, spec.task, spec.seed, task,
+                        first_seed + k % episodes_per_task, len(episodes))
+            return False
+    return True
+
+
+def _insert_episode_chunk(session: Session, evaluation_id: int, first_index: int, episodes: Sequence[EpisodeSpec],
+                          now: datetime, *, cancelled: bool) -> list[int]:
+    """Insert rows ``first_index …`` for ``episodes``, skipping any index that already has one (``ON
+    CONFLICT (evaluation_id, episode_index) DO NOTHING``); the ids written, in episode order.
+
+    ``cancelled``: the evaluation was cancelled before these rows existed, so they are written
+    as cancel would have left them (``cancelled``, ``failure_reason`` cancelled, finished now)."""
+    table = Episode.__table__
+    columns: tuple[str, ...] = _EPISODE_COLUMNS
+    status = (EpisodeStatus.CANCELLED if cancelled else EpisodeStatus.PENDING).value
+    extra: tuple[Any, ...] = ()
+    if cancelled:
+        columns = (*columns, "success", "failure_reason", "finished_at")
+        extra = (False, FailureReason.CANCELLED.value, now)
+    key = ["evaluation_id", "episode_index"]
+    stop = first_index + len(episodes)
+    if session.get_bind().dialect.name == "postgresql":
+        rows = func.unnest(
+            bindparam("indexes", type_=ARRAY(Integer)), bindparam("tasks", type_=ARRAY(String)),
+            bindparam("seeds", type_=ARRAY(BigInteger)), bindparam("max_steps", type_=ARRAY(Integer)),
+        ).table_valued("episode_index", "task", "seed", "max_steps").render_derived()
+        literals = [literal(False), literal(FailureReason.CANCELLED.value), literal(now, UtcDateTime())] \
+            if cancelled else []
+        source = select(literal(evaluation_id, BigInteger), rows.c.episode_index, rows.c.task, rows.c.seed,
+                        rows.c.max_steps, literal(status), literal(0), literal(now, UtcDateTime()), *literals)
+        inserted = session.execute(
+            postgresql_insert(table).from_select(columns, source).on_conflict_do_nothing(index_elements=key)
+            .returning(table.c.id, table.c.episode_index),
+            {"indexes": list(range(first_index, stop)), "tasks": [e.task for e in episodes],
+             "seeds": [e.seed for e in episodes], "max_steps": [e.max_steps for e in episodes]}).all()
+        return [episode_id for episode_id, _ in sorted(inserted, key=lambda row: row[1])]
+    values = [dict(zip(columns, (evaluation_id, first_index + k, spec.task, spec.seed, spec.max_steps, status, 0,
+                                 now, *extra), strict=True))
+              for k, spec in enumerate(episodes)]
+    session.execute(sqlite_insert(table).on_conflict_do_nothing(index_elements=key), values)
+    return list(session.scalars(select(Episode.id).where(Episode.evaluation_id == evaluation_id,
+                                                         Episode.episode_index >= first_index,
+                                                         Episode.episode_index < stop, Episode.created_at == now)
+                                .order_by(Episode.episode_index)))
+
+
+def materialize_episodes(session: Session, evaluation_id: int, *, chunk: int | None = None) -> list[int] | None:
+    """Write the next ``chunk`` (default ``MATERIALIZE_CHUNK``) of a deferred evaluation's episode
+    rows, in one transaction; the ids of the ``pending`` rows written (to enqueue, after this
+    commit), ``[]`` when there were none to enqueue, None when no row is left to write.
+
+    Locks the evaluation row first (the lock order above), writes the rows after the last one that
+    exists from the plan (``planned_episodes``) with ``ON CONFLICT DO NOTHING``, and counts
+    ``episodes_unmaterialized`` down in the same transaction — a conditional update, so of two
+    materialisers (the API's and the sweeper's) each chunk is written by one. A chunk written after
+    the evaluation was cancelled is written ``cancelled`` (nothing to enqueue), as cancelling would
+    have left it had it existed."""
+    chunk = MATERIALIZE_CHUNK if chunk is None else chunk
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1, got {chunk}")
+    row = session.execute(select(Evaluation.status, Evaluation.episodes_total, Evaluation.episodes_unmaterialized,
+                                 Evaluation.episodes_per_task, Evaluation.protocol)
+                          .where(Evaluation.id == evaluation_id).with_for_update()).first()
+    if row is None or row.episodes_unmaterialized <= 0:
+        session.rollback()
+        return None
+    start = row.episodes_total - row.episodes_unmaterialized
+    stop = min(start + chunk, row.episodes_total)
+    try:
+        specs = planned_episodes(row.protocol, row.episodes_per_task, start, stop)
+    except ValueError:
+        session.rollback()
+        raise
+    cancelled = row.status == EvaluationStatus.CANCELLED
+    episode_ids = _insert_episode_chunk(session, evaluation_id, start, specs, utcnow(), cancelled=cancelled)
+    advanced = session.execute(
+        update(Evaluation).where(Evaluation.id == evaluation_id,
+                                 Evaluation.episodes_unmaterialized == row.episodes_unmaterialized)
+        .values(episodes_unmaterialized=row.episodes_total - stop)
+        .returning(Evaluation.id).execution_options(synchronize_session=False)).first()
+    if advanced is None:  # another materialiser wrote this chunk first: nothing of ours to keep
+        session.rollback()
+        return []
+    session.commit()
+    return [] if cancelled else episode_ids
+
+
+def materialize_all(session: Session, evaluation_id: int, publish: Callable[[list[int]], object], *,
+                    chunk: int | None = None) -> int:
+    """Write every episode row a deferred evaluation still lacks, chunk by chunk
+    (``materialize_episodes``), handing each chunk's pending ids to ``publish`` (the episode queue)
+    after its commit — no transaction is open while it publishes. Then finalises the evaluation if
+    nothing is left to run (a cancelled one whose last rows were written cancelled). Returns the
+    number of episode ids published; 0 for an evaluation with nothing left to write."""
+    published = 0
+    while (episode_ids := materialize_episodes(session, evaluation_id, chunk=chunk)) is not None:
+        if episode_ids:
+            publish(episode_ids)
+            published += len(episode_ids)
+    finalize_evaluation_if_done(session, evaluation_id)
+    return published
+
+
+def unmaterialized_evaluations(session: Session, *, created_before: datetime, limit: int = 100
+                               ) -> list[tuple[int, str]]:
+    """``(id, suite)`` of evaluations created before ``created_before`` whose episode rows are not all
+    written yet (the API process that answered their 202 may have died): the sweeper finishes them.
+    Reads the partial index ``ix_evaluations_unmaterialized`` only."""
+    rows = session.execute(select(Evaluation.id, Evaluation.suite)
+                           .where(text(f"evaluations.{UNMATERIALIZED_SQL}"), Evaluation.created_at < created_before)
+                           .order_by(Evaluation.id).limit(limit)).all()
+    session.rollback()
+    return [(evaluation_id, suite) for evaluation_id, suite in rows]
 
 
 def _replay(session: Session, key_id: int | None, key: str, request_sha256: str | None) -> CreatedEvaluation | None:
@@ -354,19 +555,37 @@ def list_evaluations(session: Session, *, policy_id: int | None = None, suite: s
     return list(session.scalars(query))
 
 
-def _episode_results(session: Session, evaluation_id: int) -> list[EpisodeResult]:
-    rows = session.execute(
-        select(Episode.task, Episode.status, Episode.success, Episode.steps, Episode.latency_mean_ms,
-               Episode.latency_p95_ms, Episode.failure_reason)
-        .where(Episode.evaluation_id == evaluation_id))
-    return [EpisodeResult(*row) for row in rows]
+def _episode_results(session: Session, evaluation_id: int, *, below_index: int | None = None) -> list[EpisodeResult]:
+    query = (select(Episode.task, Episode.status, Episode.success, Episode.steps, Episode.latency_mean_ms,
+                    Episode.latency_p95_ms, Episode.failure_reason)
+             .where(Episode.evaluation_id == evaluation_id))
+    if below_index is not None:
+        query = query.where(Episode.episode_index < below_index)
+    return [EpisodeResult(*row) for row in session.execute(query)]
 
 
 def evaluation_results(session: Session, evaluation: Evaluation) -> dict[str, Any]:
-    """Counts by episode status, per-task and overall results: stored once final, else computed live."""
+    """Counts by episode status, per-task and overall results: stored once final, else computed live.
+
+    The episodes of a deferred evaluation that have no row yet count as ``pending`` (in ``counts``,
+    ``overall`` and their task's ``episodes``), so the counts always add up to ``episodes_total``:
+    the count still to write is read first, and only the rows before it (which all existed then)."""
     if evaluation.aggregates is not None:
         return evaluation.aggregates
-    return summarize(_episode_results(session, evaluation.id), evaluation.tasks)
+    missing = 0
+    if evaluation.episodes_unmaterialized:  # once 0 it stays 0: no need to read it again
+        missing = session.scalar(select(Evaluation.episodes_unmaterialized)
+                                 .where(Evaluation.id == evaluation.id)) or 0
+    start = evaluation.episodes_total - missing
+    results = summarize(_episode_results(session, evaluation.id, below_index=start if missing else None),
+                        evaluation.tasks)
+    if missing:
+        per_task = evaluation.episodes_per_task
+        results["counts"][EpisodeStatus.PENDING.value] += missing
+        results["overall"]["episodes"] += missing
+        for j, entry in enumerate(results["per_task"][:len(evaluation.tasks)]):  # task_order's entries first
+            entry["episodes"] += max(0, (j + 1) * per_task - max(start, j * per_task))
+    return results
 
 
 def list_episodes(session: Session, evaluation_id: int, *, after_index: int | None = None,
@@ -585,10 +804,13 @@ def finish_episode(session: Session, episode_id: int, *, success: bool, total_re
 
 
 def _episodes_left(session: Session, evaluation_id: int) -> bool:
-    """Whether any episode of the evaluation is still pending or running (one probe of the partial
-    index ``ix_episodes_live_evaluation_id``, whatever the evaluation's size)."""
-    return session.scalar(select(Episode.id).where(Episode.evaluation_id == evaluation_id, text(LIVE_EPISODE_SQL))
-                          .limit(1)) is not None
+    """Whether any episode of the evaluation is still to run: a row pending or running (one probe of
+    the partial index ``ix_episodes_live_evaluation_id``, whatever the evaluation's size), or one not
+    written yet (``episodes_unmaterialized``, by primary key) — in one statement."""
+    live = select(Episode.id).where(Episode.evaluation_id == evaluation_id, text(LIVE_EPISODE_SQL)).exists()
+    unwritten = select(Evaluation.id).where(Evaluation.id == evaluation_id,
+                                            Evaluation.episodes_unmaterialized > 0).exists()
+    return bool(session.scalar(select(or_(live, unwritten))))
 
 
 def finalize_evaluation_if_done(session: Session, evaluation_id: int) -> bool:
@@ -599,7 +821,11 @@ def finalize_evaluation_if_done(session: Session, evaluation_id: int) -> bool:
     lock, whether any episode is left, and returns False at once if so (most results). That is
     safe because of that order: of two episodes ending at the same time, the one whose commit is
     later sees the other's in its look (each statement sees what was committed before it began),
-    so the last one to end always goes on to the locked check below."""
+    so the last one to end always goes on to the locked check below.
+
+    A deferred evaluation is never finalised while any of its rows is unwritten: the look and the
+    locked check both count those as left, and the materialiser writes its last chunk under the
+    same row lock, so a check that waited on it sees the new pending rows."""
     if _episodes_left(session, evaluation_id):
         session.rollback()
         return False
@@ -704,10 +930,11 @@ def close_cancelled_running_episodes(session: Session, *, now: datetime | None =
 
 
 def unfinalised_evaluation_ids(session: Session, *, limit: int = 1000) -> list[int]:
-    """Evaluations not yet finalised none of whose episodes is live (e.g. a worker died between
-    finishing the last episode and finalising): the sweeper finalises them."""
+    """Evaluations not yet finalised, with every episode row written, none of whose episodes is live
+    (e.g. a worker died between finishing the last episode and finalising): the sweeper finalises them."""
     live = select(Episode.id).where(Episode.evaluation_id == Evaluation.id, Episode.status.in_(_LIVE))
-    ids = list(session.scalars(select(Evaluation.id).where(Evaluation.finished_at.is_(None), ~live.exists())
+    ids = list(session.scalars(select(Evaluation.id).where(Evaluation.finished_at.is_(None),
+                                                           Evaluation.episodes_unmaterialized == 0, ~live.exists())
                                .order_by(Evaluation.id).limit(limit)))
     session.rollback()
     return ids

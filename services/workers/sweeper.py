@@ -11,7 +11,12 @@ Each sweep (``sweep_once``):
   is harmless anyway: the claim is a conditional update), on the queue of their suite's
   simulator family;
 - finalises evaluations whose episodes are all terminal but that nobody finalised
-  (a worker died in between).
+  (a worker died in between);
+- finishes writing the episode rows of a large evaluation whose API process died after
+  its 202, part-way through (``queries.materialize_all``: the rest of the chunks, each
+  enqueued after its commit), once it is older than ``pending_after_s`` — the API's own
+  materialiser, if it is merely slow, is not disturbed before then, and sharing the work
+  with it would be safe anyway (each chunk is written by one of them).
 
 ``evalforge sweeper`` runs ``run_forever`` (one sweeper process is enough; two are
 safe, only wasteful). While the database is unreachable it waits: each failed sweep is one
@@ -26,7 +31,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -48,6 +53,7 @@ class SweepReport:
     lost: list[int] = field(default_factory=list)  # evaluation ids with episodes marked worker_lost
     cancelled: list[int] = field(default_factory=list)  # evaluation ids with running episodes closed
     finalised: list[int] = field(default_factory=list)
+    materialized: list[int] = field(default_factory=list)  # evaluation ids whose missing episode rows it wrote
 
 
 class Sweeper:
@@ -64,6 +70,7 @@ class Sweeper:
     def sweep_once(self) -> SweepReport:
         s, report = self.settings, SweepReport()
         now = utcnow()
+        self._materialize(now - timedelta(seconds=s.pending_after_s), report)
         with self.session_factory() as session:
             report.cancelled = queries.close_cancelled_running_episodes(session, now=now)
             report.lost = queries.mark_lost_episodes(session, max_attempts=s.max_attempts, now=now)
@@ -86,10 +93,27 @@ class Sweeper:
                 report.reenqueued.extend(episode_ids[:sent])
         live = set(expired) | set(stale)
         self._sent_at = {i: t for i, t in self._sent_at.items() if i in live}
-        if report.reenqueued or report.lost or report.cancelled or report.finalised:
+        if report.reenqueued or report.lost or report.cancelled or report.finalised or report.materialized:
             log.info("sweep: re-enqueued %d episodes, worker_lost in evaluations %s, cancelled running in %s, "
-                     "finalised %s", len(report.reenqueued), report.lost, report.cancelled, report.finalised)
+                     "finalised %s, episode rows written for %s", len(report.reenqueued), report.lost,
+                     report.cancelled, report.finalised, report.materialized)
         return report
+
+    def _materialize(self, created_before: datetime, report: SweepReport) -> None:
+        """Write the missing episode rows of evaluations an API process left part-way (killed after the
+        202), each chunk enqueued on its suite's simulator queue after its commit."""
+        with self.session_factory() as session:
+            for evaluation_id, suite in queries.unmaterialized_evaluations(session, created_before=created_before):
+                simulator = _simulator(suite)
+                try:
+                    published = queries.materialize_all(
+                        session, evaluation_id, lambda ids, simulator=simulator: self.queue.enqueue(ids, simulator))
+                except ValueError as exc:  # a row with no plan to write from: say so, and sweep the rest
+                    log.error("sweep: cannot write the episode rows of evaluation %d: %s", evaluation_id, exc)
+                    continue
+                report.materialized.append(evaluation_id)
+                log.info("sweep: wrote the missing episode rows of evaluation %d (%d enqueued)", evaluation_id,
+                         published)
 
     def run_forever(self, *, stop: Callable[[], bool] = lambda: False) -> None:
         """Sweep every ``sweep_every_s`` seconds until ``stop()``; a failing sweep is logged and retried."""
@@ -110,12 +134,19 @@ def _by_simulator(episode_ids: list[int], suites: dict[int, str]) -> dict[str | 
     suite this version does not know goes to the bare queue, which every worker consumes."""
     groups: dict[str | None, list[int]] = {}
     for episode_id in episode_ids:
-        try:
-            simulator = get_suite(suites[episode_id]).simulator if episode_id in suites else None
-        except SuiteError:
-            simulator = None
-        groups.setdefault(simulator, []).append(episode_id)
+        groups.setdefault(_simulator(suites.get(episode_id)), []).append(episode_id)
     return groups
+
+
+def _simulator(suite: str | None) -> str | None:
+    """The simulator family whose queue runs ``suite``'s episodes; None (the bare queue) for a suite
+    this version does not know."""
+    if suite is None:
+        return None
+    try:
+        return get_suite(suite).simulator
+    except SuiteError:
+        return None
 
 
 def make_sweeper(settings: WorkerSettings) -> Sweeper:

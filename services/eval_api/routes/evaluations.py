@@ -30,7 +30,7 @@ from services.eval_api.errors import ApiError
 from services.eval_api.exports import ExportFormat, encode_episodes, filename, provenance_columns
 from services.eval_api.metrics import ApiMetrics
 from services.eval_api.pagination import decode_page_cursor, encode_cursor, page_limit
-from services.eval_api.planning import get_suite_entry, plan_evaluation
+from services.eval_api.planning import get_suite_entry, plan_evaluation, suites_by_name
 from services.eval_api.schemas import (
     MAX_ID,
     EpisodeOut,
@@ -92,20 +92,33 @@ def _request_sha256(body: EvaluationCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _enqueue(queue: EpisodeQueue, metrics: ApiMetrics, episode_ids: list[int], simulator: str) -> None:
+def _enqueue(queue: EpisodeQueue, metrics: ApiMetrics, episode_ids: list[int], simulator: str | None) -> None:
     sent = queue.enqueue(episode_ids, simulator)
     metrics.episodes_enqueued.inc(sent)
     if sent < len(episode_ids):
         metrics.episodes_not_enqueued.inc(len(episode_ids) - sent)
 
 
+def _materialize(session_factory: sessionmaker[Session], queue: EpisodeQueue, metrics: ApiMetrics,
+                 evaluation_id: int, simulator: str | None) -> None:
+    """Write a deferred evaluation's episode rows chunk by chunk, enqueuing each chunk after its commit
+    (``queries.materialize_all``), with a session of its own (the route's is closed by now). A crash
+    part-way leaves the rest to the sweeper, which finishes the materialisation."""
+    with session_factory() as session:
+        queries.materialize_all(session, evaluation_id, lambda ids: _enqueue(queue, metrics, ids, simulator))
+
+
 @router.post("", status_code=202, response_model=EvaluationDetail,
              responses=error_responses(401, 403, 409, 413, 422, 429, 503))
-def create_evaluation(body: EvaluationCreate, response: Response, background: BackgroundTasks,
+def create_evaluation(body: EvaluationCreate, request: Request, response: Response, background: BackgroundTasks,
                       session: SessionDep, settings: SettingsDep, metrics: MetricsDep, episode_queue: EpisodeQueueDep,
                       caller: WriteKeyDep, idempotency_key: IdempotencyKey = None) -> EvaluationDetail:
     """Evaluate a policy on a suite: store the evaluation with one `pending` row per episode, then
     enqueue one task per episode. Answers 202 with the evaluation and its `Location`.
+
+    An evaluation of more than 10,000 episodes is stored first and its episode rows are written
+    after the 202, in chunks, each enqueued as it is committed; its `counts` say `pending` for the
+    episodes not written yet, and it finishes only once every one of them has run.
 
     With `Idempotency-Key`, a retry with the same body returns the same evaluation (202,
     `Idempotent-Replayed: true`) and enqueues nothing; the same key with another body is a 409.
@@ -134,11 +147,18 @@ def create_evaluation(body: EvaluationCreate, response: Response, background: Ba
         response.headers["Idempotent-Replayed"] = "true"
         return evaluation_detail(evaluation, queries.evaluation_results(session, evaluation))
     metrics.evaluations_created.inc()
+    simulator = get_suite_entry(body.suite)["simulator"]
+    if evaluation.episodes_unmaterialized:
+        # A large evaluation: its rows are written after the response, chunk by chunk, each chunk
+        # enqueued after its commit; a crash part-way leaves the rest to the sweeper. The response
+        # counts them pending without a row read (evaluation_results: none is written yet).
+        background.add_task(_materialize, request.app.state.session_factory, episode_queue, metrics, evaluation.id,
+                            simulator)
+        return evaluation_detail(evaluation, queries.evaluation_results(session, evaluation))
     # After the commit above, and after the response is sent: publishing 1,000 tasks takes
     # longer than the insert, and a crash in between only leaves episodes pending for the sweeper.
     # On the queue of the suite's simulator family: only workers that can run it take them.
-    background.add_task(_enqueue, episode_queue, metrics, created.episode_ids,
-                        get_suite_entry(body.suite)["simulator"])
+    background.add_task(_enqueue, episode_queue, metrics, created.episode_ids, simulator)
     results = summarize([EpisodeResult(task=spec.task, status=EpisodeStatus.PENDING.value)
                          for spec in plan.episodes], plan.tasks)
     return evaluation_detail(evaluation, results)
@@ -244,10 +264,14 @@ def download_dataset(evaluation_id: EvaluationId, session: SessionDep, settings:
 
 @router.post("/{evaluation_id}/cancel", response_model=EvaluationDetail,
              responses=error_responses(401, 403, 404, 409, 422))
-def cancel_evaluation(evaluation_id: EvaluationId, session: SessionDep, caller: WriteKeyDep) -> EvaluationDetail:
+def cancel_evaluation(evaluation_id: EvaluationId, request: Request, background: BackgroundTasks,
+                      session: SessionDep, metrics: MetricsDep, episode_queue: EpisodeQueueDep,
+                      caller: WriteKeyDep) -> EvaluationDetail:
     """Cancel: pending episodes become `cancelled`, running ones finish. Cancelling twice is
     harmless; cancelling a finished or failed evaluation is a 409. Only the API key that submitted
-    the evaluation, or an admin key, may cancel it (403 otherwise)."""
+    the evaluation, or an admin key, may cancel it (403 otherwise). A large evaluation whose
+    episode rows are still being written gets the rest written `cancelled` (nothing more is
+    enqueued), after the response; it is finalised when they are."""
     try:
         evaluation = queries.cancel_evaluation(session, evaluation_id, by_key_id=caller.owner_filter)
     except queries.NotOwner as exc:
@@ -257,4 +281,10 @@ def cancel_evaluation(evaluation_id: EvaluationId, session: SessionDep, caller: 
         raise ApiError(404, "not_found", f"{exc}; GET /evaluations lists them") from exc
     except queries.EvaluationAlreadyDone as exc:
         raise ApiError(409, "evaluation_finished", str(exc)) from exc
+    if evaluation.episodes_unmaterialized:
+        # Its chunks are written cancelled from now on, so nothing reaches the queue; the suite's
+        # simulator is only what _materialize is given to publish with (None: a suite no longer known).
+        simulator = suites_by_name().get(evaluation.suite, {}).get("simulator")
+        background.add_task(_materialize, request.app.state.session_factory, episode_queue, metrics, evaluation.id,
+                            simulator)
     return evaluation_detail(evaluation, queries.evaluation_results(session, evaluation))
