@@ -1,7 +1,8 @@
 """The control plane's ceiling: episode completions/s through API → broker → workers → PostgreSQL.
 
     .venv/bin/python bench/control_plane.py [--episodes 600] [--workers 1,2,4,8] [--in-flight 1,8]
-        [--brokers redis,embedded] [--rounds 2] [--submit 100000]
+        [--brokers redis,embedded] [--rounds 2] [--submit 100000] [--episodes-per-message 1]
+        [--code before=/tmp/old@1,after=.@16] [--no-step-costs]
 
 Nothing but plumbing: the ``null`` suite (``benchmarks/null.py``: a zero state, 10 steps, a
 seeded success) against ``policy-server --engine null`` (zero actions at once, no model), so an
@@ -26,7 +27,11 @@ the finalisation check, the broker message.
    writer or checkpointer —, the Redis server; psutil), and, in this process, the
    wall time of each step one at a time (claim + job read, result, finalisation check, publishing
    one message, one policy round trip);
-5. ``--submit K``: one ``POST /evaluations`` of K null episodes on Redis with no worker running:
+5. ``--code NAME=PATH[@K],…``: the same cells for other checkouts, side by side in one run — each
+   tree's own API and workers (started from that tree, ``PYTHONPATH`` = it), taking turns per cell
+   (ABAB), ``@K`` its ``EVALFORGE_EPISODES_PER_MESSAGE`` (a tree that predates it ignores it);
+   without ``--code``, this checkout at ``--episodes-per-message``;
+6. ``--submit K``: one ``POST /evaluations`` of K null episodes on Redis with no worker running:
    the 202's latency and the time until all K messages are in Redis (the queue's length).
 
 Prints one table; the figures go to docs/benchmarks.md ("Control plane").
@@ -78,11 +83,13 @@ class Cell:
     broker: str
     workers: int
     in_flight: int
+    code: str = "this"
     episodes: int = 0
     steady_s: float = 0.0  # first claim → last result
     end_to_end_s: float = 0.0  # POST (created_at) → finalised
     cpu_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     harness_failures: int = 0
+    runs: list[tuple[float, float]] = field(default_factory=list)  # (completions/s, CPU ms per episode) per round
 
     @property
     def rate(self) -> float:
@@ -100,14 +107,39 @@ def ensure_null_policy() -> Path:
     return CHECKPOINT
 
 
-class Broker:
-    """One broker under test, and the API process that publishes to it."""
+@dataclass(frozen=True)
+class Code:
+    """A checkout whose API and workers are measured, and the episodes per message its API sends."""
 
-    def __init__(self, kind: str, database_url: str, log_dir: Path) -> None:
+    name: str
+    tree: Path
+    episodes_per_message: int
+
+
+def parse_code(value: str | None, episodes_per_message: int) -> list[Code]:
+    if not value:
+        return [Code("this", REPO, episodes_per_message)]
+    codes = []
+    for item in value.split(","):
+        name, _, rest = item.partition("=")
+        path, _, k = rest.partition("@")
+        tree = Path(path or ".").resolve()
+        if not name or not (tree / "services" / "cli").is_dir():
+            raise SystemExit(f"--code {item!r}: write NAME=PATH[@K], PATH a checkout of EvalForge")
+        codes.append(Code(name, tree, int(k) if k else episodes_per_message))
+    return codes
+
+
+class Broker:
+    """One broker under test, and the API process (of one checkout) that publishes to it."""
+
+    def __init__(self, kind: str, database_url: str, log_dir: Path, code: Code | None = None) -> None:
         self.kind = kind
+        self.code = code or Code("this", REPO, 1)
         self.queue = f"episodes-cp-{secrets.token_hex(4)}"
         self.env = {**os.environ, "DATABASE_URL": database_url, "EVALFORGE_EPISODE_QUEUE": self.queue,
-                    "EVALFORGE_REPLAY_EPISODES": "0", "PYTHONUNBUFFERED": "1"}
+                    "EVALFORGE_REPLAY_EPISODES": "0", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(self.code.tree),
+                    "EVALFORGE_EPISODES_PER_MESSAGE": str(self.code.episodes_per_message)}
         if kind == "redis":
             self.env["REDIS_URL"] = REDIS_URL
             self.url = REDIS_URL
@@ -127,7 +159,7 @@ class Broker:
                "EVALFORGE_MAX_QUEUED_EPISODES": str(max(2 * max_episodes, 100_000))}
         self.api = ChildProcess([sys.executable, "-m", "services.cli", "api", "--port", str(port), "--log-level",
                                  "warning"], self.log_dir / f"api-{self.kind}-{port}.log", health=f"{self.base}/readyz",
-                                env=env, cwd=REPO, startup_timeout_s=60).start().wait_healthy()
+                                env=env, cwd=self.code.tree, startup_timeout_s=180).start().wait_healthy()
 
     def stop(self) -> None:
         if self.api is not None:
@@ -150,7 +182,7 @@ class Fleet:
             process = ChildProcess(
                 [sys.executable, "-m", "services.cli", "worker", "--episodes-in-flight", str(in_flight),
                  "--simulators", "null", "--log-level", "warning", "--hostname", f"cp{i}-{in_flight}@%h"],
-                log_path, env=env, cwd=REPO, grace_s=20, startup_timeout_s=60)
+                log_path, env=env, cwd=broker.code.tree, grace_s=20, startup_timeout_s=180)
             self.processes.append(process.start())
 
     def shrink(self, workers: int) -> None:
@@ -232,8 +264,11 @@ def timed_run(client: httpx.Client, sessions: sessionmaker[Session], policy_id: 
     into.steady_s += (last - first).total_seconds()
     into.end_to_end_s += (evaluation.finished_at - evaluation.created_at).total_seconds()
     into.harness_failures += failed
+    spent = 0.0
     for name in groups:
-        into.cpu_s[name] += cpu_delta(before[name], after[name])
+        into.cpu_s[name] += (cpu := cpu_delta(before[name], after[name]))
+        spent += cpu
+    into.runs.append((episodes / (last - first).total_seconds(), spent / episodes * 1e3))
 
 
 def step_costs(sessions: sessionmaker[Session], policy_id: int, server_url: str, broker_url: str,
@@ -333,7 +368,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds over all configurations (default 2)")
     parser.add_argument("--submit", type=int, default=100_000, help=(
         "episodes of the one submission timed on Redis with no worker running (0: skip; default 100000)"))
+    parser.add_argument("--episodes-per-message", type=int, default=1, help=(
+        "EVALFORGE_EPISODES_PER_MESSAGE of the API (default 1: one id per message)"))
+    parser.add_argument("--code", help=("NAME=PATH[@K],…: checkouts measured side by side, ABAB (their own API and "
+                                        "workers; @K their episodes per message); default this checkout"))
+    parser.add_argument("--no-step-costs", action="store_true", help="skip the one-step-at-a-time timings")
     args = parser.parse_args()
+    codes = parse_code(args.code, args.episodes_per_message)
     workers = sorted({int(w) for w in args.workers.split(",")}, reverse=True)
     in_flight = [int(n) for n in args.in_flight.split(",")]
     brokers = [b.strip() for b in args.brokers.split(",") if b.strip()]
@@ -346,8 +387,9 @@ def main() -> None:
     database_name = make_url(database_url).database
     redis_port = f":{urlparse(REDIS_URL).port or 6379}"
     server = PolicyServerProcess(checkpoint, "--engine", "null", "--log-level", "warning", log_dir=RUN_DIR)
-    live = {kind: Broker(kind, database_url, RUN_DIR) for kind in brokers}
-    cells = {(b, w, n): Cell(b, w, n) for b in brokers for n in in_flight for w in workers}
+    live = {(code.name, kind): Broker(kind, database_url, RUN_DIR, code) for code in codes for kind in brokers}
+    cells = {(c.name, b, w, n): Cell(b, w, n, c.name) for c in codes for b in brokers for n in in_flight
+             for w in workers}
     submission: tuple[float, float, float] | None = None
     costs: dict[str, float] = {}
     try:
@@ -361,40 +403,46 @@ def main() -> None:
             broker.start_api(max(args.episodes, args.submit, 1))
         seeds = iter(range(0, 10**9, 10**5))
         policy_ids = {}
-        for kind, broker in live.items():
+        for (name, kind), broker in live.items():
             with httpx.Client(base_url=broker.base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
-                response = client.post("/policies", json={"name": f"null-{kind}", "endpoint": server.ws_url})
+                response = client.post("/policies", json={"name": f"null-{name}-{kind}", "endpoint": server.ws_url})
                 assert response.status_code in (200, 201), response.text[:500]
-                policy_ids[kind] = response.json()["id"]
+                policy_ids[(name, kind)] = response.json()["id"]
         for round_ in range(args.rounds):
-            for kind, broker in live.items():
-                with httpx.Client(base_url=broker.base, headers={"Authorization": f"Bearer {key}"},
-                                  timeout=120) as client:
-                    for n in in_flight:
-                        fleet = Fleet(broker, max(workers), n)
-                        try:
-                            for w in workers:  # most first: shrinking the fleet is cheap, growing is not
-                                fleet.shrink(w)
-                                warm = submit(client, policy_ids[kind], 2 * w * n, next(seeds))
-                                wait_finished(sessions, warm, 120)
-                                groups = {"workers": fleet.pids(), "API": [broker.api.pid],
-                                          "policy server": [server.pid],
-                                          "PostgreSQL": lambda: pids_matching("postgres", database_name),
-                                          "Redis": pids_matching("redis-server", redis_port)}
-                                timed_run(client, sessions, policy_ids[kind], args.episodes, next(seeds), groups,
-                                          cells[(kind, w, n)])
-                                cell = cells[(kind, w, n)]
-                                print(f"round {round_ + 1}: {kind}, {w} workers × {n} in flight: "
-                                      f"{cell.rate:.0f} completions/s so far", flush=True)
-                        finally:
-                            fleet.stop()
-        if "redis" in live:
-            costs = step_costs(sessions, policy_ids["redis"], server.ws_url, REDIS_URL)
-            if args.submit:
-                with httpx.Client(base_url=live["redis"].base, headers={"Authorization": f"Bearer {key}"},
-                                  timeout=600) as client:
-                    submission = measure_submission(live["redis"], client, sessions, policy_ids["redis"],
-                                                    args.submit)
+            for kind in brokers:
+                for n in in_flight:
+                    for code in codes:  # the checkouts take turns cell by cell (ABAB)
+                        broker = live[(code.name, kind)]
+                        with httpx.Client(base_url=broker.base, headers={"Authorization": f"Bearer {key}"},
+                                          timeout=120) as client:
+                            fleet = Fleet(broker, max(workers), n)
+                            try:
+                                for w in workers:  # most first: shrinking the fleet is cheap, growing is not
+                                    fleet.shrink(w)
+                                    policy_id = policy_ids[(code.name, kind)]
+                                    warm = submit(client, policy_id, 2 * w * n * max(code.episodes_per_message, 4),
+                                                  next(seeds))
+                                    wait_finished(sessions, warm, 300)
+                                    groups = {"workers": fleet.pids(), "API": [broker.api.pid],
+                                              "policy server": [server.pid],
+                                              "PostgreSQL": lambda: pids_matching("postgres", database_name),
+                                              "Redis": pids_matching("redis-server", redis_port)}
+                                    cell = cells[(code.name, kind, w, n)]
+                                    timed_run(client, sessions, policy_id, args.episodes, next(seeds), groups, cell)
+                                    rate, cpu = cell.runs[-1]
+                                    print(f"round {round_ + 1}: {code.name}, {kind}, {w} workers × {n} in flight: "
+                                          f"{rate:.0f} completions/s, {cpu:.1f} CPU ms per episode "
+                                          f"(load {os.getloadavg()[0]:.1f})", flush=True)
+                            finally:
+                                fleet.stop()
+        first = codes[0].name
+        if ("redis" in brokers) and not args.no_step_costs:
+            costs = step_costs(sessions, policy_ids[(first, "redis")], server.ws_url, REDIS_URL)
+        if "redis" in brokers and args.submit:
+            with httpx.Client(base_url=live[(first, "redis")].base, headers={"Authorization": f"Bearer {key}"},
+                              timeout=600) as client:
+                submission = measure_submission(live[(first, "redis")], client, sessions,
+                                                policy_ids[(first, "redis")], args.submit)
         engine.dispose()
     finally:
         for broker in live.values():
@@ -408,17 +456,21 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; load "
           f"average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}\n")
     names = ["workers", "API", "policy server", "PostgreSQL", "Redis"]
-    print("| broker | worker processes | in flight each | completions/s | end to end /s | CPU ms per episode: "
-          + " | ".join(names) + " | total | harness failures |")
-    print("|---|---:|---:|---:|---:|" + "---:|" * (len(names) + 2))
-    for (kind, w, n), cell in sorted(cells.items(), key=lambda item: (item[0][0] != "redis", item[0][2],
-                                                                        item[0][1])):
+    print("| code | episodes per message | broker | worker processes | in flight each | completions/s | "
+          "end to end /s | CPU ms per episode: " + " | ".join(names) + " | total | per round (/s, CPU ms) | "
+          "harness failures |")
+    print("|---|---:|---|---:|---:|---:|---:|" + "---:|" * (len(names) + 1) + "---|---:|")
+    order = {code.name: i for i, code in enumerate(codes)}
+    by_name = {code.name: code for code in codes}
+    for (name, kind, w, n), cell in sorted(cells.items(), key=lambda item: (item[0][1] != "redis", item[0][3],
+                                                                              item[0][2], order[item[0][0]])):
         if not cell.episodes:
             continue
-        per = {name: cell.cpu_s[name] / cell.episodes * 1e3 for name in names}
-        print(f"| {kind} | {w} | {n} | {cell.rate:.0f} | {cell.rate_end_to_end:.0f} | "
-              + " | ".join(f"{per[name]:.1f}" for name in names)
-              + f" | {sum(per.values()):.1f} | {cell.harness_failures} |")
+        per = {group: cell.cpu_s[group] / cell.episodes * 1e3 for group in names}
+        rounds = "; ".join(f"{rate:.0f}, {cpu:.1f}" for rate, cpu in cell.runs)
+        print(f"| {name} | {by_name[name].episodes_per_message} | {kind} | {w} | {n} | {cell.rate:.0f} | "
+              f"{cell.rate_end_to_end:.0f} | " + " | ".join(f"{per[group]:.1f}" for group in names)
+              + f" | {sum(per.values()):.1f} | {rounds} | {cell.harness_failures} |")
     if costs:
         print("\nOne step at a time (median wall ms, this process, Redis and PostgreSQL on loopback):")
         for name, ms in costs.items():

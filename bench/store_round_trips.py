@@ -7,6 +7,9 @@ broker, no Celery — first one at a time, then ``--threads`` at once (as ``eval
 the pool checkouts (each one pre-pinged when the engine pre-pings), the statements the driver
 executes, and the commits and rollbacks (SQLAlchemy engine events), and times the finalisation
 check on a 100,000-episode evaluation with one episode finished (``--big``; 0 skips it).
+With ``--batch K`` (a tree that has ``runner.run_episode_batch``) the same counts for the batched
+path: the episodes played K per call, ``--threads`` calls at once (as a worker plays K-id messages);
+``--profile`` adds a cProfile of the batched path in one thread (the top functions by own time).
 
 It runs whatever ``services`` is first on the path, so two trees can be compared side by side:
 ``PYTHONPATH=/tmp/old .venv/bin/python bench/store_round_trips.py`` against the working tree.
@@ -15,6 +18,9 @@ It runs whatever ``services`` is first on the path, so two trees can be compared
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import subprocess
 import sys
@@ -75,6 +81,8 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=300, help="episodes per phase (default 300)")
     parser.add_argument("--threads", type=int, default=8, help="episodes at once in the second phase (default 8)")
     parser.add_argument("--big", type=int, default=100_000, help="episodes of the finalisation-check evaluation")
+    parser.add_argument("--batch", type=int, default=0, help="also play them K per run_episode_batch (0: skip)")
+    parser.add_argument("--profile", action="store_true", help="cProfile the batched path (one thread)")
     args = parser.parse_args()
     # Imported after services: bench/eval_api.py puts this tree first on the path.
     from eval_api import create_database, drop_database  # bench/eval_api.py
@@ -112,6 +120,33 @@ def main() -> None:
         assert sum(r.finalised for r in results) == 1, "the evaluation must be finalised exactly once"
         runner.close_caches()
 
+        batched = None
+        profile_text = ""
+        if args.batch:
+            k = args.batch
+            ids = evaluation(sessions, policy_id, args.episodes, 2 * 10**6)
+            chunks = [ids[i:i + k] for i in range(0, len(ids), k)]
+            before = dict(counts)
+            start, cpu = time.perf_counter(), time.process_time()
+            with ThreadPoolExecutor(args.threads) as pool:
+                played = [r for rs in pool.map(lambda c: runner.run_episode_batch(sessions, c, "bench-batch",
+                                                                                     settings), chunks) for r in rs]
+            batch_s, batch_cpu = time.perf_counter() - start, time.process_time() - cpu
+            assert sum(r.finalised for r in played) == 1 and {r.status for r in played} <= {"succeeded", "failed"}
+            batched = ({name: (counts[name] - before.get(name, 0)) / args.episodes for name in counts},
+                       args.episodes / batch_s, batch_cpu / args.episodes * 1e3)
+            if args.profile:
+                ids = evaluation(sessions, policy_id, args.episodes, 3 * 10**6)
+                profiler = cProfile.Profile()
+                profiler.enable()
+                for i in range(0, len(ids), k):
+                    runner.run_episode_batch(sessions, ids[i:i + k], "bench-profile", settings)
+                profiler.disable()
+                out = io.StringIO()
+                pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
+                profile_text = out.getvalue()
+            runner.close_caches()
+
         check_ms = None
         if args.big:
             big = evaluation(sessions, policy_id, args.big, 10**7)
@@ -136,6 +171,14 @@ def main() -> None:
               f"{statistics.median(walls) * 1e3:.2f} | {args.episodes / threaded_s:.0f} | "
               f"{threaded_cpu / args.episodes * 1e3:.2f} | "
               f"{'—' if check_ms is None else f'{check_ms:.2f}'} |")
+        if batched is not None:
+            per_batch, rate, cpu_ms = batched
+            print(f"| batched, {args.batch} per call | {per_batch.get('checkouts', 0):.2f} | "
+                  f"{per_batch.get('statements', 0):.2f} | {per_batch.get('commits', 0):.2f} | "
+                  f"{per_batch.get('rollbacks', 0):.2f} | — | — | {rate:.0f} | {cpu_ms:.2f} | — |")
+        if profile_text:
+            print(f"\ncProfile of the batched path ({args.episodes} episodes, {args.batch} per call, one thread):")
+            print(profile_text)
     finally:
         if engine is not None:
             engine.dispose()

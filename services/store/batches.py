@@ -80,17 +80,18 @@ SET status = r.status, success = r.success, total_return = r.total_return, steps
     failure_reason = r.failure_reason, error_message = r.error_message, artifact_path = r.artifact_path,
     recording_path = r.recording_path, simulator_versions = CAST(r.simulator_versions AS jsonb),
     initial_state_index = r.initial_state_index, worker_host = r.worker_host, renderer = r.renderer,
-    finished_at = :now, lease_expires_at = NULL
+    finished_at = COALESCE(r.finished_at, :now), lease_expires_at = NULL
 FROM unnest(CAST(:ids AS bigint[]), CAST(:attempts AS integer[]), CAST(:statuses AS varchar[]),
             CAST(:successes AS boolean[]), CAST(:total_returns AS double precision[]), CAST(:steps AS integer[]),
             CAST(:durations AS double precision[]), CAST(:latency_means AS double precision[]),
             CAST(:latency_p95s AS double precision[]), CAST(:failure_reasons AS varchar[]),
             CAST(:error_messages AS text[]), CAST(:artifact_paths AS varchar[]), CAST(:recording_paths AS varchar[]),
             CAST(:simulator_versions AS text[]), CAST(:initial_state_indexes AS integer[]),
-            CAST(:worker_hosts AS varchar[]), CAST(:renderers AS varchar[]))
+            CAST(:worker_hosts AS varchar[]), CAST(:renderers AS varchar[]),
+            CAST(:finished_ats AS timestamptz[]))
      AS r(id, attempts, status, success, total_return, steps, duration_s, latency_mean_ms, latency_p95_ms,
           failure_reason, error_message, artifact_path, recording_path, simulator_versions, initial_state_index,
-          worker_host, renderer)
+          worker_host, renderer, finished_at)
 WHERE e.id = r.id AND e.attempts = r.attempts AND e.status = 'running' AND e.worker_id = :worker_id
 RETURNING e.id, e.attempts, e.evaluation_id
 """)
@@ -167,6 +168,7 @@ class EpisodeOutcome:
     initial_state_index: int | None = None
     worker_host: str | None = None
     renderer: str | None = None
+    finished_at: datetime | None = None  # when it ended (None: when written)
 
     def __post_init__(self) -> None:
         if self.status not in (EpisodeStatus.SUCCEEDED, EpisodeStatus.FAILED, EpisodeStatus.CANCELLED):
@@ -200,6 +202,7 @@ def finish_episodes(session: Session, outcomes: Sequence[EpisodeOutcome], worker
         "simulator_versions": [json.dumps(o.simulator_versions) if o.simulator_versions else None for o in rows],
         "initial_state_indexes": [o.initial_state_index for o in rows],
         "worker_hosts": [o.worker_host for o in rows], "renderers": [o.renderer for o in rows],
+        "finished_ats": [o.finished_at for o in rows],
     }).all()
     session.commit()
     return {(episode_id, attempts): evaluation_id for episode_id, attempts, evaluation_id in written}

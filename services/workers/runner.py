@@ -95,6 +95,7 @@ from services.store.models import (
     FailureReason,
     Policy,
     PolicyProtocol,
+    utcnow,
 )
 from services.workers import recording
 from services.workers.cameras import observing_policy
@@ -488,10 +489,12 @@ class _Played:
 
 
 def _play_claimed(session_factory: sessionmaker[Session], job: _Job, settings: WorkerSettings,
-                  heartbeat: Callable[[], None], sleep: Callable[[float], None]) -> _Played | RunResult:
+                  heartbeat: Callable[[], None], sleep: Callable[[float], None],
+                  check: Callable[[str], None] = check_endpoint) -> _Played | RunResult:
     """Play a claimed episode: its tries against the policy server, its time limit, its replay and
     recording; ``heartbeat()`` is called every step (it extends the lease when one is due, and raises
-    ``LeaseLost`` when the episode is no longer this worker's: then a ``superseded`` ``RunResult``)."""
+    ``LeaseLost`` when the episode is no longer this worker's: then a ``superseded`` ``RunResult``).
+    ``check(endpoint)`` raises ``EndpointRefused`` for an endpoint ``EVALFORGE_POLICY_HOSTS`` refuses."""
     episode_id = job.episode_id
     clock = _EpisodeClock(episode_time_limit(job.max_steps, settings))
 
@@ -508,7 +511,7 @@ def _play_claimed(session_factory: sessionmaker[Session], job: _Job, settings: W
     rollouts: list[recording.RolloutRecorder] | None = (
         [] if recording.is_recorded(job.record, job.episode_index, job.episodes_per_task) else None)
     try:
-        check_endpoint(job.endpoint)  # EVALFORGE_POLICY_HOSTS as it is now, not when the policy was registered
+        check(job.endpoint)  # EVALFORGE_POLICY_HOSTS as it is now, not when the policy was registered
         for retry in range(settings.policy_retries + 1):
             try:
                 # On the least busy healthy replica; a lost server fails over to the others at once
@@ -881,10 +884,29 @@ def _outcome(job: _Job, played: _Played) -> batches.EpisodeOutcome:
         failure_reason=played.reason.value if played.reason else None,
         error_message=played.message[:2000] if played.message else None, artifact_path=played.artifact_path,
         recording_path=played.recording_path, simulator_versions=simulator_versions(family) or None,
-        initial_state_index=_initial_state_index(job), worker_host=_HOST, renderer=renderer(family))
+        initial_state_index=_initial_state_index(job), worker_host=_HOST, renderer=renderer(family),
+        finished_at=utcnow())
 
 
 _HOST = socket.gethostname()
+
+
+def _checked_once() -> Callable[[str], None]:
+    """``check_endpoint``, asked once per endpoint for one batch: reading ``EVALFORGE_POLICY_HOSTS`` (a
+    settings object) cost a short episode more than its claim does after batching."""
+    answers: dict[str, EndpointRefused | None] = {}
+
+    def check(endpoint: str) -> None:
+        if endpoint not in answers:
+            try:
+                check_endpoint(endpoint)
+                answers[endpoint] = None
+            except EndpointRefused as exc:
+                answers[endpoint] = exc
+        refused = answers[endpoint]
+        if refused is not None:
+            raise EndpointRefused(str(refused))
+    return check
 
 
 def run_episode_batch(session_factory: sessionmaker[Session], episode_ids: list[int], worker_id: str,
@@ -911,6 +933,7 @@ def run_episode_batch(session_factory: sessionmaker[Session], episode_ids: list[
     jobs = _claim_batch(session_factory, ids, worker_id, settings, sleep=sleep)
     results: dict[int, RunResult] = {i: _why_not_claimed(session_factory, i, settings) for i in ids if i not in jobs}
     leases = _BatchLeases(session_factory, worker_id, settings, {i: job.attempts for i, job in jobs.items()})
+    check = _checked_once()
     pending: list[tuple[_Job, _Played | None, _PendingResult]] = []
     try:
         for episode_id in (i for i in ids if i in jobs):
@@ -923,13 +946,14 @@ def run_episode_batch(session_factory: sessionmaker[Session], episode_ids: list[
             if episode_id in leases.cancelled:  # cancelled before it started: closed, never played
                 leases.release(episode_id)
                 outcome = batches.EpisodeOutcome(episode_id, job.attempts, EpisodeStatus.CANCELLED.value, False,
-                                                 failure_reason=FailureReason.CANCELLED.value, worker_host=_HOST)
+                                                 failure_reason=FailureReason.CANCELLED.value, worker_host=_HOST,
+                                                 finished_at=utcnow())
                 pending.append((job, None, writer.add(outcome, job.evaluation_id)))
                 continue
             if on_start is not None:
                 on_start(episode_id)
             try:
-                played = _play_claimed(session_factory, job, settings, leases.heartbeat_of(episode_id), sleep)
+                played = _play_claimed(session_factory, job, settings, leases.heartbeat_of(episode_id), sleep, check)
             except SoftTimeLimitExceeded as exc:
                 exc.episode_id = episode_id  # the task records it worker_lost; the rest keep their leases
                 raise
