@@ -14,13 +14,17 @@ tests/compose/test_stack.py and bench/compose_stack.py drive the same steps:
    (scripts/build_wheelhouse.py) is filled for the images' Python, once per set of inputs; it
    reaches the builds as their `wheelhouse` build context, bind-mounted, so it is never copied.
    Docker uses the stock images and its index. Then ``compose build``: every layer is cached,
-   so a second build with the same inputs rebuilds nothing (the test checks the image ids).
-3. ``Stack.up()``: ``docker compose up -d --wait`` (as README says); podman-compose ignores
+   so a second build with the same inputs rebuilds nothing (the test checks the image ids); with
+   podman, the images a build replaced are removed after it (the build cache is kept).
+3. ``Stack.up()``: ``docker compose up -d --wait`` (as README says), with
+   ``--scale policy-server=K`` for K policy replicas (docs/deployment.md); podman-compose ignores
    health conditions, so there the same services start in compose's order in stages,
    each stage polled until healthy (``pg_isready``, ``redis-cli ping``, ``migrate`` exited 0,
-   ``/readyz`` of the API and the policy server on their published ports).
-4. ``Stack.down()``: ``down -v`` and then removal of anything left with the project's label,
-   so no container, network or volume outlives the run, even a failed one.
+   ``/readyz`` of the API on its published port and of each policy replica on the free
+   loopback port the engine gave it).
+4. ``Stack.down()``: ``down -v --remove-orphans`` (podman-compose's ``down`` knows only the first
+   replica of a scaled service; the rest are "orphans" to it) and then removal of anything left
+   with the project's label, so no container, network or volume outlives the run, even a failed one.
 
 Everything a run makes lives in a temporary folder of its own (the runs folder mounted at
 /runs, the override file, the .env-like variables) and in the project name, which is unique.
@@ -213,7 +217,7 @@ class Stack:
     workdir: Path
     project: str = field(default_factory=lambda: f"evalforge-test-{os.getpid()}-{int(time.time()) % 100000}")
     api_port: int = field(default_factory=free_port)
-    policy_port: int = field(default_factory=free_port)
+    policy_replicas: int = 1  # `--scale policy-server=K`
     override: dict = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -227,8 +231,7 @@ class Stack:
         self.env = self._make_env()  # made once: one database password for the project's whole life
 
     def _make_env(self) -> dict[str, str]:
-        env = {**self.engine.env, "EVALFORGE_API_PORT": str(self.api_port), "POLICY_PORT": str(self.policy_port),
-               "EVALFORGE_RUNS_DIR": str(self.runs), "EVALFORGE_SIM_EXTRAS": SIM_EXTRAS,
+        env = {**self.engine.env, "EVALFORGE_API_PORT": str(self.api_port), "EVALFORGE_RUNS_DIR": str(self.runs), "EVALFORGE_SIM_EXTRAS": SIM_EXTRAS,
                "POSTGRES_PASSWORD": "compose-test-" + os.urandom(6).hex(), "COMPOSE_PROJECT_NAME": self.project}
         env.pop("EVALFORGE_API_KEY", None)  # the stack makes its own (runs/api-key), as a user's first start does
         if self.engine.name == "podman":
@@ -247,27 +250,75 @@ class Stack:
 
     def build(self) -> dict[str, str]:
         """``compose build`` of one service per image (the others share them); the built images' ids."""
+        before = {image: self.engine.image_id(image) for image in BUILT.values()}
         started = time.monotonic()
         self.compose("build", *BUILT, timeout=3600)
         self.timings.setdefault("build", time.monotonic() - started)
-        return {image: self.engine.image_id(image) or "" for image in BUILT.values()}
+        built = {image: self.engine.image_id(image) or "" for image in BUILT.values()}
+        if self.engine.name == "podman":
+            self.remove_superseded(old for image, old in before.items() if old and old != built[image])
+        return built
+
+    def remove_superseded(self, image_ids) -> None:
+        """Remove the images a build replaced (every code change leaves one per image, untagged), and
+        with them the layers no other image uses. Only those: a blanket `podman image prune` also takes
+        the dependency stages' last layers (no image is their child), and tagging those stages again
+        first with a `podman build --target` missed the cache here (the policy-server venv, ≈ 20 min,
+        was rebuilt and the image id changed), so the build cache is never pruned wholesale."""
+        for image_id in image_ids:
+            self.engine.run("rmi", image_id, check=False, timeout=600)
+
+    def containers(self, service: str) -> list[tuple[str, str]]:
+        """``(id, name)`` of each of ``service``'s containers, in replica order (compose's container number)."""
+        ids = self.engine.run("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={self.project}",
+                              "--filter", f"label=com.docker.compose.service={service}").stdout.split()
+        if not ids:
+            return []
+        described = self.engine.run("inspect", "--format",
+                                    '{{.Name}} {{index .Config.Labels "com.docker.compose.container-number"}}', *ids)
+        rows = [(int(number), container_id, name.lstrip("/"))  # Docker writes the name as /NAME
+                for container_id, (name, number) in zip(ids, (line.split() for line in described.stdout.splitlines()), strict=True)]
+        return [(container_id, name) for _, container_id, name in sorted(rows)]
 
     def container(self, service: str) -> str:
         """The id of ``service``'s (first) container."""
-        result = self.engine.run("ps", "-a", "-q", "--filter", f"label=com.docker.compose.project={self.project}",
-                                 "--filter", f"label=com.docker.compose.service={service}")
-        ids = result.stdout.split()
-        if not ids:
+        found = self.containers(service)
+        if not found:
             raise RuntimeError(f"compose project {self.project} has no {service} container")
-        return ids[0]
+        return found[0][0]
+
+    def replica_names(self) -> list[str]:
+        """The policy-server containers' names, replica 1 first: what each is registered as
+        (``ws://NAME:8000/ws``) and resolved by on the compose network."""
+        return [name for _, name in self.containers("policy-server")]
+
+    def policy_urls(self) -> list[str]:
+        """Each policy replica's HTTP root on the host: the free 127.0.0.1 port the engine published it on."""
+        urls = []
+        for container_id, _ in self.containers("policy-server"):
+            published = self.engine.run("port", container_id, "8000/tcp").stdout.split()
+            if not published:
+                raise RuntimeError(f"policy-server container {container_id} publishes no host port for 8000")
+            urls.append(f"http://{published[0]}")
+        return urls
+
+    def policy_metric(self, url: str, name: str, **labels: str) -> float:
+        """The value of one sample of a policy server's ``/metrics`` (0 when it has not been counted yet)."""
+        wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(wanted + " "):
+                    return float(line.split()[-1])
+        return 0.0
 
     def inspect(self, service: str, template: str) -> str:
         return self.engine.run("inspect", "--format", template, self.container(service)).stdout.strip()
 
     def up(self, timeout: float = 600) -> None:
         started = time.monotonic()
+        scale = ["--scale", f"policy-server={self.policy_replicas}"]
         if self.engine.name == "docker":
-            self.compose("up", "-d", "--wait", "--wait-timeout", str(int(timeout)))
+            self.compose("up", "-d", "--wait", "--wait-timeout", str(int(timeout)), *scale)
         else:
             # podman-compose does not wait on health conditions: compose's order, stage by stage.
             self.compose("up", "-d", "postgres", "redis")
@@ -276,9 +327,13 @@ class Stack:
             self.wait("redis", lambda: self.exec_ok("redis", "redis-cli", "ping"), timeout)
             self.compose("up", "-d", "--no-deps", "migrate")
             self.wait("migrate", lambda: self.exited_ok("migrate"), timeout)
-            self.compose("up", "-d", "--no-deps", "eval-api", "worker", "sweeper", "policy-server")
+            self.compose("up", "-d", "--no-deps", *scale, "eval-api", "worker", "sweeper", "policy-server")
         self.wait("eval-api", lambda: self.http_ok(f"{self.api_url}/readyz"), timeout)
-        self.wait("policy-server", lambda: self.http_ok(f"http://127.0.0.1:{self.policy_port}/readyz"), timeout)
+        urls = self.policy_urls()
+        if len(urls) != self.policy_replicas:
+            raise RuntimeError(f"`--scale policy-server={self.policy_replicas}` started {len(urls)} policy servers")
+        for url in urls:
+            self.wait("policy-server", lambda url=url: self.http_ok(f"{url}/readyz"), timeout)
         self.timings["up"] = time.monotonic() - started
 
     def exec_ok(self, service: str, *command: str) -> bool:
@@ -330,7 +385,7 @@ class Stack:
 
     def down(self) -> dict[str, list[str]]:
         """Remove everything the project made; returns what ``down`` itself left (then removed by force)."""
-        self.compose("down", "-v", "-t", "1", check=False, timeout=300)
+        self.compose("down", "-v", "-t", "1", "--remove-orphans", check=False, timeout=300)
         left = self.leftovers()
         for container in left.get("containers", []):
             self.engine.run("rm", "-f", "-v", container, check=False)

