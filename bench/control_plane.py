@@ -65,7 +65,7 @@ sys.path.insert(0, str(REPO))
 from eval_api import REDIS_URL, create_database, drop_database  # noqa: E402  (bench/eval_api.py)
 
 from services.queue import CeleryEpisodeQueue, embedded_broker_url, queue_name  # noqa: E402
-from services.store import migrate, queries  # noqa: E402
+from services.store import queries  # noqa: E402
 from services.store.api_keys import create_api_key  # noqa: E402
 from services.store.db import create_db_engine, make_session_factory  # noqa: E402
 from services.store.models import Episode, Evaluation  # noqa: E402
@@ -229,6 +229,18 @@ def pids_matching(name: str, needle: str) -> list[int]:
     return found
 
 
+def migrate_tree(code: Code, database_url: str) -> None:
+    """Bring ``database_url`` to ``code``'s own head with its own migrations (a subprocess in its tree)."""
+    subprocess.run([sys.executable, "-c", "from services.store import migrate; migrate.upgrade()"], cwd=code.tree,
+                   env={**os.environ, "DATABASE_URL": database_url, "PYTHONPATH": str(code.tree)}, check=True,
+                   timeout=300)
+
+
+def warm_episodes(workers: int, in_flight: int, episodes_per_message: int) -> int:
+    """The warm-up evaluation before a timed one: enough messages for every worker's slots twice."""
+    return 2 * workers * in_flight * max(episodes_per_message, 4)
+
+
 def submit(client: httpx.Client, policy_id: int, episodes: int, seed: int) -> int:
     response = client.post("/evaluations", json={"policy_id": policy_id, "suite": SUITE, "episodes_per_task": episodes,
                                                  "seed": seed, "tags": ["bench-control-plane"]})
@@ -254,8 +266,9 @@ def timed_run(client: httpx.Client, sessions: sessionmaker[Session], policy_id: 
     evaluation_id = submit(client, policy_id, episodes, seed)
     wait_finished(sessions, evaluation_id, 60 + episodes / 5)
     after = {name: cpu_snapshot(pids() if callable(pids) else pids) for name, pids in groups.items()}
-    with sessions() as session:
-        evaluation = session.get(Evaluation, evaluation_id)
+    with sessions() as session:  # named columns only: another checkout's schema may lack this one's others
+        evaluation = session.execute(select(Evaluation.created_at, Evaluation.finished_at)
+                                     .where(Evaluation.id == evaluation_id)).one()
         first, last, failed = session.execute(
             select(func.min(Episode.started_at), func.max(Episode.finished_at),
                    func.count().filter(Episode.failure_reason.is_not(None)))
@@ -383,28 +396,35 @@ def main() -> None:
 
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     checkpoint = ensure_null_policy()
-    database_url = create_database()
-    database_name = make_url(database_url).database
+    # A scratch database per checkout, migrated by that checkout's own migrations: an API refuses a
+    # database at another revision than its head, so two trees cannot share one.
+    database_urls = {code.name: create_database() for code in codes}
     redis_port = f":{urlparse(REDIS_URL).port or 6379}"
     server = PolicyServerProcess(checkpoint, "--engine", "null", "--log-level", "warning", log_dir=RUN_DIR)
-    live = {(code.name, kind): Broker(kind, database_url, RUN_DIR, code) for code in codes for kind in brokers}
+    live = {(code.name, kind): Broker(kind, database_urls[code.name], RUN_DIR, code) for code in codes
+            for kind in brokers}
     cells = {(c.name, b, w, n): Cell(b, w, n, c.name) for c in codes for b in brokers for n in in_flight
              for w in workers}
     submission: tuple[float, float, float] | None = None
     costs: dict[str, float] = {}
     try:
         server.start()
-        migrate.upgrade(database_url)
-        engine = create_db_engine(url=database_url)
-        sessions = make_session_factory(engine)
-        with sessions() as session:
-            _, key = create_api_key(session, "bench")
+        for code in codes:
+            migrate_tree(code, database_urls[code.name])
+        engines = {name: create_db_engine(url=url) for name, url in database_urls.items()}
+        session_factories = {name: make_session_factory(engine) for name, engine in engines.items()}
+        keys = {}
+        for name, factory in session_factories.items():
+            with factory() as session:  # api_keys has had one shape since migration 0003
+                _, keys[name] = create_api_key(session, "bench")
         for broker in live.values():
-            broker.start_api(max(args.episodes, args.submit, 1))
+            broker.start_api(max(args.episodes, args.submit, warm_episodes(max(workers), max(in_flight),
+                                                                           broker.code.episodes_per_message)))
         seeds = iter(range(0, 10**9, 10**5))
         policy_ids = {}
         for (name, kind), broker in live.items():
-            with httpx.Client(base_url=broker.base, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+            with httpx.Client(base_url=broker.base, headers={"Authorization": f"Bearer {keys[name]}"},
+                              timeout=60) as client:
                 response = client.post("/policies", json={"name": f"null-{name}-{kind}", "endpoint": server.ws_url})
                 assert response.status_code in (200, 201), response.text[:500]
                 policy_ids[(name, kind)] = response.json()["id"]
@@ -413,19 +433,22 @@ def main() -> None:
                 for n in in_flight:
                     for code in codes:  # the checkouts take turns cell by cell (ABAB)
                         broker = live[(code.name, kind)]
-                        with httpx.Client(base_url=broker.base, headers={"Authorization": f"Bearer {key}"},
+                        sessions = session_factories[code.name]
+                        database_name = make_url(database_urls[code.name]).database
+                        with httpx.Client(base_url=broker.base, headers={"Authorization": f"Bearer {keys[code.name]}"},
                                           timeout=120) as client:
                             fleet = Fleet(broker, max(workers), n)
                             try:
                                 for w in workers:  # most first: shrinking the fleet is cheap, growing is not
                                     fleet.shrink(w)
                                     policy_id = policy_ids[(code.name, kind)]
-                                    warm = submit(client, policy_id, 2 * w * n * max(code.episodes_per_message, 4),
-                                                  next(seeds))
+                                    warm = submit(client, policy_id,
+                                                  warm_episodes(w, n, code.episodes_per_message), next(seeds))
                                     wait_finished(sessions, warm, 300)
                                     groups = {"workers": fleet.pids(), "API": [broker.api.pid],
                                               "policy server": [server.pid],
-                                              "PostgreSQL": lambda: pids_matching("postgres", database_name),
+                                              "PostgreSQL": lambda name=database_name: pids_matching("postgres",
+                                                                                                      name),
                                               "Redis": pids_matching("redis-server", redis_port)}
                                     cell = cells[(code.name, kind, w, n)]
                                     timed_run(client, sessions, policy_id, args.episodes, next(seeds), groups, cell)
@@ -436,19 +459,22 @@ def main() -> None:
                             finally:
                                 fleet.stop()
         first = codes[0].name
+        sessions = session_factories[first]
         if ("redis" in brokers) and not args.no_step_costs:
             costs = step_costs(sessions, policy_ids[(first, "redis")], server.ws_url, REDIS_URL)
         if "redis" in brokers and args.submit:
-            with httpx.Client(base_url=live[(first, "redis")].base, headers={"Authorization": f"Bearer {key}"},
+            with httpx.Client(base_url=live[(first, "redis")].base, headers={"Authorization": f"Bearer {keys[first]}"},
                               timeout=600) as client:
                 submission = measure_submission(live[(first, "redis")], client, sessions,
                                                 policy_ids[(first, "redis")], args.submit)
-        engine.dispose()
+        for engine in engines.values():
+            engine.dispose()
     finally:
         for broker in live.values():
             broker.stop()
         server.stop()
-        drop_database(database_url)
+        for url in database_urls.values():
+            drop_database(url)
 
     load = os.getloadavg()
     print(f"\nControl plane — null suite (10 steps, 3 policy round trips per episode), policy-server --engine null, "
