@@ -11,19 +11,24 @@ the cap by at most one evaluation each: a bound on a pile-up, not an exact quota
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from services.eval_api.errors import ApiError
-from services.store.models import Episode, EpisodeStatus
+from services.store.models import UNMATERIALIZED_SQL, Episode, EpisodeStatus, Evaluation
 
 QUEUE_FULL_RETRY_AFTER_S = 60
 
 
 def queued_episodes(session: Session) -> int:
-    """Episodes waiting for a worker (``pending``), over every evaluation."""
-    return session.scalar(select(func.count()).select_from(Episode)
-                          .where(Episode.status == EpisodeStatus.PENDING.value)) or 0
+    """Episodes waiting for a worker, over every evaluation: the ``pending`` rows, and the episodes of
+    large evaluations whose rows are not written yet (``episodes_unmaterialized``, read through its
+    partial index), which will all be pending once they are."""
+    pending = session.scalar(select(func.count()).select_from(Episode)
+                             .where(Episode.status == EpisodeStatus.PENDING.value)) or 0
+    unwritten = session.scalar(select(func.coalesce(func.sum(Evaluation.episodes_unmaterialized), 0))
+                               .where(text(f"evaluations.{UNMATERIALIZED_SQL}"))) or 0
+    return int(pending) + int(unwritten)
 
 
 def check_queue_cap(session: Session, new_episodes: int, max_queued: int) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -141,8 +142,23 @@ class BatchedVisionEncoder:
         """One encoder forward (blocking; the encoder's thread runs it): ``[N, patches, text_hidden]``."""
         import torch
 
+        match_threads_to_cores(torch)
         with torch.inference_mode():
             return self.tower(torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32)))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def match_threads_to_cores(torch: object) -> int:
+    """Run torch's intra-op pool with as many threads as the calling thread has cores, and return that.
+
+    torch sizes its pool from the machine's cores at import, but the vLLM engine moves the serving
+    process off its compute cores once it has started (``engines.move_off_compute_cores``): on two
+    cores that leaves this process one, and a two-thread pool on one core makes every encoder forward
+    wait on a descheduled thread. Checked at every forward (one ``sched_getaffinity`` call), since
+    the move happens after the encoder is built."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if torch.get_num_threads() != cores:
+        torch.set_num_threads(cores)
+    return cores

@@ -89,6 +89,7 @@ from services.store.models import (
     Worker,
     utcnow,
 )
+from services.store.settings import settings as store_settings
 from services.store.statistics import (
     mcnemar_exact,
     newcombe_paired_interval,
@@ -241,15 +242,15 @@ class EpisodeSpec:
     max_steps: int
 
 
-INLINE_EPISODES = 10_000
-"""Evaluations of up to this many episodes get all their rows in the transaction that creates them
+INLINE_EPISODES = store_settings.inline_episodes
+"""Evaluations (``EVALFORGE_INLINE_EPISODES``, default 10,000) of up to this many episodes get all their rows in the transaction that creates them
 (the path every evaluation took before migration 0013); larger ones get them after the 202. 10,000:
 the API's default cap per evaluation (``EVALFORGE_MAX_EPISODES_PER_EVALUATION``), so a default
 deployment never leaves that path, and 10,000 rows insert in ≈ 0.25 s on PostgreSQL (2.4 s per
 100,000 measured, docs/benchmarks.md), which keeps even the largest inline 202 well under 1 s."""
 
-MATERIALIZE_CHUNK = 10_000
-"""Episode rows per transaction when a large evaluation is materialised after its 202: ≈ 0.25 s of
+MATERIALIZE_CHUNK = store_settings.materialize_chunk
+"""Episode rows per transaction (``EVALFORGE_MATERIALIZE_CHUNK``, default 10,000) when a large evaluation is materialised after its 202: ≈ 0.25 s of
 insert holding the evaluation's row lock, then its ids are enqueued (ten 1,000-message pipelines),
 so workers start on the first chunk while the next is written."""
 

@@ -32,6 +32,12 @@ class StoreSettings(BaseSettings):
     sqlite_busy_timeout_s: float = Field(
         30.0, gt=0, description="SQLite: how long a writer waits for the file lock before failing.")
     echo: bool = Field(False, description="Log every SQL statement (debugging).")
+    inline_episodes: int = Field(10_000, ge=1, validation_alias="EVALFORGE_INLINE_EPISODES", description=(
+        "An evaluation of up to this many episodes is created with all its episode rows in the request; a "
+        "larger one is stored as its plan, answered 202, and its rows written after the response."))
+    materialize_chunk: int = Field(10_000, ge=1, validation_alias="EVALFORGE_MATERIALIZE_CHUNK", description=(
+        "Episode rows per transaction when a large evaluation's rows are written after its 202 (each chunk is "
+        "enqueued after its commit)."))
 
     @field_validator("database_url")
     @classmethod

@@ -332,3 +332,22 @@ def test_materialising_is_idempotent_per_chunk(store_engine, small_chunks):
                    queries.materialize_episodes(a, evaluation_id), queries.materialize_episodes(b, evaluation_id)]
     assert [len(ids) if ids is not None else None for ids in written] == [700, 700, 100, None]
     assert_planned(rows(sessions, evaluation_id), 1_500, seed=0)
+
+
+def test_the_queue_cap_counts_episodes_not_written_yet(store_engine, small_chunks):
+    """EVALFORGE_MAX_QUEUED_EPISODES counts a large evaluation's episodes before their rows exist:
+    otherwise a client could pile up any number of them in the 202s before materialisation."""
+    from services.eval_api.admission import check_queue_cap, queued_episodes
+    from services.eval_api.errors import ApiError
+
+    sessions = make_session_factory(store_engine)
+    evaluation_id = deferred_evaluation(sessions, 2_500)
+    with sessions() as session:
+        assert queued_episodes(session) == 2_500
+        queries.materialize_episodes(session, evaluation_id)  # 700 rows pending, 1,800 still unwritten
+    with sessions() as session:
+        assert queued_episodes(session) == 2_500
+        with pytest.raises(ApiError) as refused:
+            check_queue_cap(session, 1, max_queued=2_500)
+        assert refused.value.details["queued_episodes"] == 2_500
+        check_queue_cap(session, 0, max_queued=2_500)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -291,3 +292,29 @@ def test_a_vllm_vision_server_batches_concurrent_clients_and_matches_the_hf_engi
     images = {line.split("le=")[1].split("}")[0].strip('"'): float(line.split()[-1])
               for line in metrics.splitlines() if line.startswith("evalforge_policy_encoder_batch_images_bucket")}
     assert images["+Inf"] > images["2.0"], "the encoder never batched two observations' images"
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two cores and per-thread affinity (Linux)")
+def test_the_encoder_runs_as_many_torch_threads_as_its_thread_has_cores():
+    """The vLLM engine moves the serving process off its compute cores after torch sized its pool
+    for the whole machine; the encoder's forward then sizes the pool to the cores it has left."""
+    import threading
+
+    from services.policy_server.vision import match_threads_to_cores
+
+    before_threads, seen = torch.get_num_threads(), {}
+
+    def on_one_core() -> None:  # affinity is per thread on Linux: only this thread moves
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+        seen["cores"] = match_threads_to_cores(torch)
+        seen["threads"] = torch.get_num_threads()
+
+    try:
+        thread = threading.Thread(target=on_one_core)
+        thread.start()
+        thread.join()
+        assert seen == {"cores": 1, "threads": 1}
+        assert match_threads_to_cores(torch) == len(os.sched_getaffinity(0)) == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before_threads)
