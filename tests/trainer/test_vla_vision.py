@@ -115,3 +115,33 @@ def test_the_export_of_a_vision_checkpoint_needs_its_card(dataset_dir, tmp_path)
     with pytest.raises(SystemExit, match="has no vision section"):
         trainer_main(["export", str(tmp_path / "run" / "checkpoints"), "--out", str(tmp_path / "out"),
                       "--policy-json", str(tmp_path / "card.json")])
+
+
+def test_data_parallel_2_trains_the_vision_policy_as_one_process_does(dataset_dir, tmp_path):
+    """`torchrun --nproc-per-node 2 trainer vla`: the encoder and projector train data-parallel with the
+    decoder (their gradients averaged over ranks like every other parameter), so two processes of one
+    micro-batch each follow the loss curve of one process accumulating both (global batch 8 either way)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.trainer.pretrain_data import free_port, read_losses
+
+    recipe = _recipe(tmp_path, dataset_dir, shift=0)  # no augmentation: the same pixels on either layout
+    steps = ["--schedule.train_steps", "4", "--policy.export", "false"]
+    assert trainer_main(["vla", "--config", str(recipe), "--run_dir", str(tmp_path / "one"), *steps]) == 0
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+         "--master-port", str(free_port()), "-m", "trainer.cli", "vla", "--config", str(recipe),
+         "--run_dir", str(tmp_path / "dp2"), *steps],
+        cwd=repo, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}, capture_output=True,
+        text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    one, two = read_losses(tmp_path / "one"), read_losses(tmp_path / "dp2")
+    assert sorted(one) == sorted(two) == [1, 2, 3, 4]
+    for step in one:
+        assert abs(one[step] - two[step]) <= 1e-5, (step, one[step], two[step])
+    assert one[4] != one[1]  # it trained
+    record = (tmp_path / "dp2/checkpoints/iter_0000004/trainer.json").read_text()
+    assert '"data": 2' in record and '"world_size": 2' in record
