@@ -9,8 +9,11 @@ Suites:
   in MetaWorld's order;
 - pixel variants ``metaworld-mt1-<task>-pixels`` (all 50) and ``metaworld-mt10-pixels``:
   the same tasks, seeds and experts, but the state has the goal removed (36 values),
-  so a policy must find the goal in the images (MetaWorld draws each task's goal as a
-  small red site, or it is the place the task's own objects imply).
+  so a policy must find the goal in the images. MetaWorld draws a task's goal as a small
+  red site (2 cm, beside a red arm: a pixel or two at 64 px) or it is the place the task's
+  own objects imply; a pixel suite draws that site as a 4 cm green sphere
+  (``PIXEL_RENDERING``, part of its definition hash; a site has no physics) and adds a
+  ``top`` camera, so that two views place the goal in 3-D.
 
 Observation: MetaWorld's 39-dim state with the goal visible (the multi-task
 setting: hand xyz, gripper opening, two objects' xyz + quaternion, the same 18
@@ -38,7 +41,9 @@ inputs, e.g. Diffusion Policy's PushT):
   cameras upside down, so the picture is turned 180 degrees;
 - ``gripper``: MuJoCo camera ``gripperPOV``, on the hand, looking down at the table
   with the forward direction (away from the robot) at the top of the picture; it is
-  upright as MuJoCo renders it.
+  upright as MuJoCo renders it;
+- ``top`` (pixel suites only): MuJoCo camera ``topview``, the table from above with the
+  robot at the bottom, upright as MuJoCo renders it.
 
 Rendering happens only in ``render_images`` (and ``render_frame``), offscreen with
 MuJoCo's own ``mujoco.Renderer``: one per image size, made on first use and kept
@@ -87,11 +92,24 @@ CAMERAS: tuple[CameraSpec, ...] = (
     CameraSpec("corner", 96, 96, "the table, the arm and the goal from the front left corner"),
     CameraSpec("gripper", 96, 96, "from the hand, looking down at the table; away from the robot is up"),
 )
+PIXEL_CAMERAS: tuple[CameraSpec, ...] = CAMERAS + (
+    CameraSpec("top", 96, 96, "the table from above, the robot at the bottom; away from the robot is up"),
+)
+"""A pixel suite's cameras: ``top`` as well, so that two views place the goal in 3-D (one view
+leaves it anywhere along a ray)."""
 OVERVIEW_CAMERA = "corner"
 """The replay camera: the table, the arm and the goal from the front corner."""
 
 # Our camera name -> (MuJoCo camera in MetaWorld's XML, whether it is mounted upside down).
-_MUJOCO_CAMERAS: dict[str, tuple[str, bool]] = {"corner": ("corner", True), "gripper": ("gripperPOV", False)}
+_MUJOCO_CAMERAS: dict[str, tuple[str, bool]] = {"corner": ("corner", True), "gripper": ("gripperPOV", False),
+                                                "top": ("topview", False)}
+
+GOAL_MARKER_RADIUS = 0.04
+GOAL_MARKER_RGBA = (0.1, 1.0, 0.1, 1.0)
+PIXEL_RENDERING = (f"the goal site, where the task draws it, as a sphere of radius {GOAL_MARKER_RADIUS} m in rgba "
+                   f"{list(GOAL_MARKER_RGBA)} (MetaWorld's own: 0.02 m, red like the arm: one or two pixels at 64 px)")
+"""How a pixel suite draws its goal: the state no longer holds it, so the images must show it. A
+site has no physics, so episodes play exactly as with the stock marker."""
 
 # MetaWorld ships no language; these follow the task descriptions of the MetaWorld
 # paper (Yu et al., 2019, appendix), in the order of metaworld.env_dict.ALL_V3_ENVIRONMENTS.
@@ -193,6 +211,8 @@ class MetaWorldEnv(EpisodeEnv):
         self._state_dim = suite.state_dim
         self._full_state: np.ndarray | None = None
         self._renderers: dict[tuple[int, int], Any] = {}  # (height, width) -> mujoco.Renderer
+        if suite.rendering:
+            _enlarge_goal_marker(env.model)
 
     def _observation(self, state: np.ndarray) -> SimObservation:
         self._full_state = state
@@ -254,6 +274,16 @@ class MetaWorldEnv(EpisodeEnv):
         self._env.close()
 
 
+def _enlarge_goal_marker(model: Any) -> None:
+    """Draw the ``goal`` site as ``PIXEL_RENDERING`` says, where the task shows one (alpha > 0)."""
+    import mujoco
+
+    goal = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "goal")
+    if goal >= 0 and model.site_rgba[goal][3] > 0:
+        model.site_size[goal][0] = GOAL_MARKER_RADIUS
+        model.site_rgba[goal] = GOAL_MARKER_RGBA
+
+
 def _make_env(suite: Suite, task: str, seed: int) -> EpisodeEnv:
     return MetaWorldEnv(suite, task, seed)
 
@@ -299,9 +329,10 @@ def _suite(name: str, description: str, tasks: tuple[str, ...], *, pixels: bool 
         expert_factory=_make_expert,
         state_names=state_names,
         action_names=ACTION_NAMES,
-        cameras=CAMERAS,
+        cameras=PIXEL_CAMERAS if pixels else CAMERAS,
         overview_camera=OVERVIEW_CAMERA,
         seed_rule=SEED_RULE,
+        rendering=PIXEL_RENDERING if pixels else "",
     )
 
 

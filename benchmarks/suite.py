@@ -283,6 +283,10 @@ class Suite:
     # draws the object and goal positions"); every simulator module declares one, and changing it
     # changes the definition hash.
     seed_rule: str = ""
+    # How the simulator draws the scene where that differs from its stock rendering (e.g. a pixel
+    # suite's enlarged goal marker): part of the definition hash when set, so frames drawn another
+    # way are another version of the suite.
+    rendering: str = ""
     # False for plumbing suites (``null``): their evaluations are never standard and the
     # leaderboard never ranks them. Not part of the definition hash (it says nothing about results).
     leaderboard: bool = True
@@ -400,6 +404,8 @@ class Suite:
             "fps": float(self.fps),
             "cameras": [{"name": c.name, "height": c.height, "width": c.width} for c in self.cameras],
             "seed_rule": self.seed_rule,
+            # Only when set: the suites that draw their scene as stock keep the hash they had.
+            **({"rendering": self.rendering} if self.rendering else {}),
         }
 
     def definition_hash(self) -> str:
@@ -431,4 +437,5 @@ class Suite:
             "cameras": [{"name": c.name, "height": c.height, "width": c.width, "description": c.description}
                         for c in self.cameras],
             "overview_camera": self.overview_camera,
+            **({"rendering": self.rendering} if self.rendering else {}),
         }

@@ -144,7 +144,7 @@ def plan(args: argparse.Namespace) -> DemoPlan:
         demos = args.root / "demos" / f"reach-pixels-{args.demos}-{VISION_CAMERA}{size}"
         run_dir = args.root / f"vla-reach-pixels-demo-{args.demos}x{size}px-{steps}steps"
         collect = [*_collect(VISION_SUITE, args.demos), "--cameras", VISION_CAMERA, "--image-size", str(size)]
-        train = [*_train(VISION_RECIPE), *VISION_DEMO_OVERRIDES,
+        train = [*_train(VISION_RECIPE), *VISION_DEMO_OVERRIDES, "--vision.cameras", VISION_CAMERA,
                   "--vision.image_size", str(size), "--vision.patch_size", str(size // 4)]
         return DemoPlan(
             title="EvalForge vision demo: train a reach-pixels VLA policy on camera frames, serve it with vLLM, "

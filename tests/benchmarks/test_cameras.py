@@ -55,7 +55,9 @@ def red_shift(camera: str, action: list[float], steps: int) -> tuple[float, floa
 def test_suites_declare_cameras_with_default_sizes():
     for name in ("metaworld-mt1-reach", "metaworld-mt10", "metaworld-mt50", "metaworld-mt10-pixels"):
         suite = get_suite(name)
-        assert suite.camera_names == ["corner", "gripper"] and suite.overview_camera == "corner"
+        # a pixel suite adds the top view, so that two views place its hidden goal
+        assert suite.camera_names == ["corner", "gripper"] + (["top"] if name.endswith("-pixels") else [])
+        assert suite.overview_camera == "corner"
         assert suite.camera("gripper") == mw.CAMERAS[1] and (mw.CAMERAS[1].height, mw.CAMERAS[1].width) == (96, 96)
     pusht = get_suite("pusht")
     assert pusht.camera_names == ["top"] and pusht.overview_camera == "top"
@@ -264,7 +266,7 @@ def test_every_metaworld_task_has_the_mujoco_cameras_we_render():
     from metaworld.env_dict import ALL_V3_ENVIRONMENTS
 
     wanted = {mujoco_name for mujoco_name, _ in mw._MUJOCO_CAMERAS.values()}
-    assert set(mw._MUJOCO_CAMERAS) == {c.name for c in mw.CAMERAS}
+    assert set(mw._MUJOCO_CAMERAS) == {c.name for c in mw.PIXEL_CAMERAS}
     for task, env_class in ALL_V3_ENVIRONMENTS.items():
         env = env_class()
         try:
@@ -308,3 +310,33 @@ def test_a_process_that_rendered_can_still_import_triton():
     root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "imported", (result.returncode, result.stderr[-2000:])
+
+
+def test_a_pixel_suite_draws_its_goal_big_and_green_and_plays_as_the_stock_one():
+    """The state of a pixel suite lacks the goal, so its frames show it as a 4 cm green sphere instead of
+    MetaWorld's 2 cm red site beside the red arm; a site has no physics, so the episode is the same."""
+    stock, pixels = get_suite("metaworld-mt1-reach"), get_suite("metaworld-mt1-reach-pixels")
+    assert pixels.rendering and not stock.rendering and "rendering" not in stock._definition()
+    assert pixels._definition()["rendering"] == mw.PIXEL_RENDERING
+
+    def green(frame: np.ndarray) -> int:
+        r, g, b = (frame[..., i].astype(int) for i in range(3))
+        return int(((g > 180) & (r < 90) & (b < 90)).sum())
+
+    seen = {}
+    for suite in (stock, pixels):
+        env = suite.make_env("reach-v3", 3)
+        try:
+            env.reset(3)
+            frames = env.render_images({"corner": (64, 64), "top": (64, 64)} if suite is pixels
+                                       else {"corner": (64, 64)})
+            action = np.array([0.5, -0.3, 0.2, 0.0], np.float32)
+            steps = [env.step(action) for _ in range(5)]
+            seen[suite.name] = (frames, [s.obs["state"][:36].tolist() for s in steps])
+        finally:
+            env.close()
+    stock_frames, stock_states = seen[stock.name]
+    pixel_frames, pixel_states = seen[pixels.name]
+    assert green(stock_frames["corner"]) == 0
+    assert green(pixel_frames["corner"]) >= 4 and green(pixel_frames["top"]) >= 4  # a few pixels at 64 px
+    assert pixel_states == stock_states  # the marker changes the picture, not the physics
