@@ -107,7 +107,8 @@ _MUJOCO_CAMERAS: dict[str, tuple[str, bool]] = {"corner": ("corner", True), "gri
 GOAL_MARKER_RADIUS = 0.04
 GOAL_MARKER_RGBA = (0.1, 1.0, 0.1, 1.0)
 PIXEL_RENDERING = (f"the goal site, where the task draws it, as a sphere of radius {GOAL_MARKER_RADIUS} m in rgba "
-                   f"{list(GOAL_MARKER_RGBA)} (MetaWorld's own: 0.02 m, red like the arm: one or two pixels at 64 px)")
+                   f"{list(GOAL_MARKER_RGBA)} (MetaWorld's own: 0.02 m, red like the arm: one or two pixels at 64 px); "
+                   "the first frame shows the episode's own goal")
 """How a pixel suite draws its goal: the state no longer holds it, so the images must show it. A
 site has no physics, so episodes play exactly as with the stock marker."""
 
@@ -219,8 +220,13 @@ class MetaWorldEnv(EpisodeEnv):
         return canonical_observation(state[:self._state_dim], self.task)
 
     def _reset(self, seed: int) -> SimObservation:
+        import mujoco
+
         self._env.np_random = _task_rng(self.task, seed)
         state, _ = self._env.reset()
+        # MetaWorld moves the goal site after its last kinematics pass, so the first frame would show the
+        # previous episode's goal; positions only (no dynamics), so the physics is unchanged
+        mujoco.mj_kinematics(self._env.model, self._env.data)
         return self._observation(state)
 
     def _step(self, action: np.ndarray) -> tuple[SimObservation, float, bool, dict[str, Any]]:
@@ -234,6 +240,14 @@ class MetaWorldEnv(EpisodeEnv):
         if self._full_state is None:
             raise RuntimeError(f"{self.suite.name}/{self.task}: no episode has started; call reset() first")
         return canonical_observation(self._full_state, self.task)
+
+    def hidden_state(self) -> tuple[tuple[str, ...], np.ndarray] | None:
+        """A pixel suite's goal (``goal_x``, ``goal_y``, ``goal_z``): the state values the policy is not shown."""
+        if self._full_state is None:
+            raise RuntimeError(f"{self.suite.name}/{self.task}: no episode has started; call reset() first")
+        if self._state_dim >= len(self._full_state):
+            return None
+        return STATE_NAMES[self._state_dim:], np.asarray(self._full_state[self._state_dim:], dtype=np.float32)
 
     def _render_camera(self, camera: str, height: int, width: int) -> np.ndarray:
         import mujoco

@@ -194,6 +194,13 @@ class EpisodeEnv(ABC):
             raise RuntimeError(f"{self.suite.name}/{self.task}: no episode has started; call reset() first")
         return self._last_obs
 
+    def hidden_state(self) -> tuple[tuple[str, ...], np.ndarray] | None:
+        """What the suite hides from the policy's state now (a pixel suite's goal): its names and
+        float32 values, or None when the policy sees the whole state. Demonstrations record it as
+        LeRobot's ``observation.environment_state`` (privileged information a training run may use
+        as an auxiliary target; a policy is never given it)."""
+        return None
+
     def render_images(self, cameras: Mapping[str, tuple[int, int]]) -> dict[str, np.ndarray]:
         """The current simulator state from each camera: ``{name: uint8[height, width, 3]}``.
 

@@ -8,6 +8,7 @@ without services importing ``trainer``. ``lerobot_format.dataset`` holds the cod
 from lerobot_format.dataset import (
     ACTION,
     CODEBASE_VERSION,
+    ENV_STATE,
     EVALFORGE_PATH,
     IMAGE_DTYPES,
     IMAGE_PREFIX,
@@ -25,6 +26,6 @@ from lerobot_format.dataset import (
     write_dataset,
 )
 
-__all__ = ["ACTION", "CODEBASE_VERSION", "EVALFORGE_PATH", "IMAGE_DTYPES", "IMAGE_PREFIX", "STATE", "CameraFrames",
+__all__ = ["ACTION", "CODEBASE_VERSION", "ENV_STATE", "EVALFORGE_PATH", "IMAGE_DTYPES", "IMAGE_PREFIX", "STATE", "CameraFrames",
            "DatasetError", "DemonstrationDataset", "Episode", "decode_png", "decode_video", "encode_png",
            "encode_video", "image_key", "restore_normal_scheduling", "write_dataset"]

@@ -19,7 +19,9 @@ it (``docs/datasets.md`` says how to check)::
     videos/observation.images.<camera>/chunk-XXX/file-YYY.mp4    (video cameras) episodes back to back
 
 Frame columns: ``observation.state`` (float32 [D]), ``action`` (float32 [A], the action
-applied after observing the state), ``next.reward`` (float32), ``next.done`` and
+applied after observing the state), optionally ``observation.environment_state`` (float32 [E],
+LeRobot's name for state the robot does not observe itself: what a pixel suite hides from the
+policy, such as its goal, kept as privileged information for training-time auxiliary targets), ``next.reward`` (float32), ``next.done`` and
 ``next.success`` (bool, true on the last frame of an episode / of a successful one),
 ``timestamp`` (float32 seconds, ``frame_index / fps``), ``frame_index``,
 ``episode_index``, ``index`` (global frame index) and ``task_index`` (int64).
@@ -85,6 +87,7 @@ QUANTILES = (0.01, 0.10, 0.50, 0.90, 0.99)
 QUANTILE_MAX_ROWS = 2_000_000
 
 STATE = "observation.state"
+ENV_STATE = "observation.environment_state"
 ACTION = "action"
 IMAGE_PREFIX = "observation.images."
 ImageDtype = Literal["video", "image"]
@@ -301,6 +304,7 @@ class Episode:
     index: int = -1  # episode_index once part of a dataset
     task_index: int = -1
     cameras: dict[str, CameraFrames] = field(default_factory=dict)  # writer input: camera → encoded frames
+    environment_state: np.ndarray | None = None  # float32 [T, E]: what the policy is not shown (see ENV_STATE)
 
     @property
     def length(self) -> int:
@@ -320,6 +324,7 @@ def write_dataset(
     tasks: Mapping[str, str],
     state_names: Sequence[str] = (),
     action_names: Sequence[str] = (),
+    environment_state_names: Sequence[str] = (),
     robot_type: str | None = None,
     extra_info: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -327,7 +332,8 @@ def write_dataset(
 
     ``tasks`` maps task name → instruction (the task text LeRobot shows; the name itself
     when the instruction is empty); its order fixes ``task_index``. Every episode carries
-    the same cameras, of the same size and dtype. Any previous ``data/``, ``meta/`` and
+    the same cameras, of the same size and dtype, and all or none an ``environment_state``
+    (``environment_state_names`` names its values). Any previous ``data/``, ``meta/`` and
     ``videos/`` under ``root`` are replaced; ``info.json`` is written last, so a dataset
     interrupted mid-write is refused by the reader. ``extra_info`` goes to
     ``meta/evalforge.json`` beside the task names.
@@ -348,6 +354,7 @@ def write_dataset(
         raise ValueError(f"write_dataset: no episodes to write to {root}")
     state_dim, action_dim = _episode_dims(episodes[0])
     camera_specs = {name: (c.height, c.width, c.dtype) for name, c in episodes[0].cameras.items()}
+    env_dim = _env_state_dim(episodes[0])
     for i, ep in enumerate(episodes):
         if ep.task not in task_index:
             raise ValueError(f"write_dataset: episode {i} has task {ep.task!r}, not one of {task_list}")
@@ -357,6 +364,10 @@ def write_dataset(
         if ep.reward is not None and ep.reward.shape != (ep.length,):
             raise ValueError(f"write_dataset: episode {i} ({ep.task}) has {ep.reward.shape} rewards for "
                              f"{ep.length} frames")
+        if _env_state_dim(ep) != env_dim or (env_dim and ep.environment_state.shape[0] != ep.length):
+            shape = None if ep.environment_state is None else list(ep.environment_state.shape)
+            raise ValueError(f"write_dataset: episode {i} ({ep.task}) has environment_state {shape}; every "
+                             f"episode needs {[ep.length, env_dim] if env_dim else None} (the first episode's)")
         specs = {name: (c.height, c.width, c.dtype) for name, c in ep.cameras.items()}
         if specs != camera_specs or any(c.length != ep.length for c in ep.cameras.values()):
             raise ValueError(f"write_dataset: episode {i} ({ep.task}) has cameras {specs} with "
@@ -368,11 +379,12 @@ def write_dataset(
         shutil.rmtree(root / sub, ignore_errors=True)
     (root / "meta").mkdir(parents=True)
 
-    features = _features(state_dim, action_dim, state_names, action_names, camera_specs)
+    features = _features(state_dim, action_dim, state_names, action_names, camera_specs,
+                         env_dim=env_dim, env_names=environment_state_names)
     video_keys = [image_key(c) for c, (_, _, dtype) in camera_specs.items() if dtype == "video"]
     video_rows = _write_videos(root, episodes, video_keys, fps, features)
 
-    frame_bytes = 4 * (state_dim + action_dim) + 64
+    frame_bytes = 4 * (state_dim + action_dim + env_dim) + 64
     episode_rows: list[dict[str, Any]] = []
     columns_seen: dict[str, list[np.ndarray]] = {}
     pending: list[pa.Table] = []
@@ -456,12 +468,27 @@ def _episode_dims(ep: Episode) -> tuple[int, int]:
     return int(ep.state.shape[1]), int(ep.action.shape[1])
 
 
+def _env_state_dim(ep: Episode) -> int:
+    """The width of an episode's ``environment_state`` (0: none), refusing one that is not [T, E]."""
+    if ep.environment_state is None:
+        return 0
+    if ep.environment_state.ndim != 2 or ep.environment_state.shape[1] == 0:
+        raise ValueError(f"write_dataset: episode of task {ep.task!r} needs a 2-D environment_state [T, E], "
+                         f"got {list(ep.environment_state.shape)}")
+    return int(ep.environment_state.shape[1])
+
+
 def _features(state_dim: int, action_dim: int, state_names: Sequence[str], action_names: Sequence[str],
-              cameras: Mapping[str, tuple[int, int, str]]) -> dict[str, dict[str, Any]]:
+              cameras: Mapping[str, tuple[int, int, str]], *, env_dim: int = 0,
+              env_names: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     features: dict[str, dict[str, Any]] = {
         STATE: {"dtype": "float32", "shape": [state_dim], "names": list(state_names) or None},
-        ACTION: {"dtype": "float32", "shape": [action_dim], "names": list(action_names) or None},
     }
+    if env_dim:
+        if env_names and len(env_names) != env_dim:
+            raise ValueError(f"write_dataset: {len(env_names)} environment_state_names for {env_dim} values")
+        features[ENV_STATE] = {"dtype": "float32", "shape": [env_dim], "names": list(env_names) or None}
+    features[ACTION] = {"dtype": "float32", "shape": [action_dim], "names": list(action_names) or None}
     for camera, (height, width, dtype) in cameras.items():
         features[image_key(camera)] = {"dtype": dtype, "shape": [height, width, 3],
                                        "names": ["height", "width", "channels"]}
@@ -475,8 +502,11 @@ def _episode_columns(ep: Episode, ep_index: int, task_idx: int, start: int, fps:
     frame_index = np.arange(n, dtype=np.int64)
     last = frame_index == n - 1
     reward = ep.reward if ep.reward is not None else np.zeros(n, dtype=np.float32)
+    hidden = {} if ep.environment_state is None else \
+        {ENV_STATE: np.ascontiguousarray(ep.environment_state, dtype=np.float32)}
     return {
         STATE: np.ascontiguousarray(ep.state, dtype=np.float32),
+        **hidden,
         ACTION: np.ascontiguousarray(ep.action, dtype=np.float32),
         "next.reward": np.asarray(reward, dtype=np.float32),
         "next.done": last,
@@ -719,6 +749,9 @@ class DemonstrationDataset:
         self.fps = float(self.info["fps"])
         self.state_dim = _feature_dim(features, STATE, self.root / "meta/info.json")
         self.action_dim = _feature_dim(features, ACTION, self.root / "meta/info.json")
+        self.environment_state_dim = _feature_dim(features, ENV_STATE, self.root / "meta/info.json") \
+            if ENV_STATE in features else 0
+        """Width of ``observation.environment_state`` (0: the dataset has none)."""
         self.cameras = self._read_cameras(features)
         self.evalforge = self._read_evalforge()
         self.tasks, self.instructions = self._read_tasks()
@@ -925,12 +958,13 @@ class DemonstrationDataset:
                                f"{[r['episode_index'] for r in rows]} point to it)")
         try:
             names = pq.read_schema(path).names
-            wanted = [c for c in (STATE, ACTION, "episode_index", "frame_index", "task_index", "next.reward")
-                      if c in names]  # camera images stay on disk until frames() asks
+            wanted = [c for c in (STATE, ACTION, "episode_index", "frame_index", "task_index", "next.reward",
+                                  ENV_STATE) if c in names]  # camera images stay on disk until frames() asks
             table = pq.read_table(path, columns=wanted)
         except (OSError, pa.ArrowException) as e:
             raise DatasetError(f"{path}: unreadable parquet ({e})") from None
-        for column in (STATE, ACTION, "episode_index", "frame_index"):
+        required = (STATE, ACTION, "episode_index", "frame_index", *((ENV_STATE,) if self.environment_state_dim else ()))
+        for column in required:
             if column not in table.column_names:
                 raise DatasetError(f"{path}: no '{column}' column")
         ep_col = table.column("episode_index").to_numpy()
@@ -949,7 +983,9 @@ class DemonstrationDataset:
             state = _matrix(table.column(STATE).take(pa.array(idx)), self.state_dim, STATE, where)
             action = _matrix(table.column(ACTION).take(pa.array(idx)), self.action_dim, ACTION, where)
             reward = None if reward_col is None else reward_col[idx].astype(np.float32)
-            for name, values in ((STATE, state), (ACTION, action), ("next.reward", reward)):
+            hidden = _matrix(table.column(ENV_STATE).take(pa.array(idx)), self.environment_state_dim, ENV_STATE,
+                             where) if self.environment_state_dim else None
+            for name, values in ((STATE, state), (ACTION, action), ("next.reward", reward), (ENV_STATE, hidden)):
                 if values is not None and not np.isfinite(values).all():
                     frame = int(np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))[0])
                     raise DatasetError(f"{where}: '{name}' has NaN or infinity at frame {frame}; "
@@ -957,7 +993,7 @@ class DemonstrationDataset:
             task_index = self._episode_task(row, None if task_col is None else task_col[idx], where)
             out.append(Episode(task=self.tasks[task_index], state=state, action=action, reward=reward,
                                success=bool(row.get("success", True)), seed=row.get("seed"),
-                               index=ep_index, task_index=task_index))
+                               index=ep_index, task_index=task_index, environment_state=hidden))
         return out
 
     def _episode_task(self, row: Mapping[str, Any], frame_tasks: np.ndarray | None, where: str) -> int:

@@ -63,7 +63,7 @@ OLD_WORK_DIR = ".collect"  # where it was before: inside OUT
 RUN_FILE = "run.json"
 RUN_FORMAT = 2  # 2: cameras and image dtype are part of a collection's identity
 # Bumped whenever write_dataset's layout changes, so a resumed collection rewrites its dataset.
-DATASET_LAYOUT = 2
+DATASET_LAYOUT = 3  # 3: observation.environment_state (what a pixel suite hides)
 # Simulators a worker keeps alive: building one costs ~0.1-0.2 s, an episode of MetaWorld
 # ~0.05 s, so rebuilding per episode would dominate; a small bound caps memory on MT50.
 ENVS_PER_WORKER = 4
@@ -435,7 +435,12 @@ def play_episode(suite_name: str, task: str, seed: int, shard: str,
     actions: list[np.ndarray] = []
     rewards: list[float] = []
     frames: dict[str, list[np.ndarray]] = {camera: [] for camera in recording.cameras}
+    hidden: list[np.ndarray] = []  # what a pixel suite hides from the policy (its goal), per frame
+    hidden_names: tuple[str, ...] = ()
     while True:
+        if (withheld := env.hidden_state()) is not None:
+            hidden_names = withheld[0]
+            hidden.append(withheld[1])
         if recording.cameras:
             for camera, image in env.render_images(recording.cameras).items():
                 frames[camera].append(image)
@@ -451,6 +456,8 @@ def play_episode(suite_name: str, task: str, seed: int, shard: str,
     arrays: dict[str, np.ndarray] = {"success": np.bool_(attempt.success), "length": np.int64(attempt.length)}
     if attempt.success:
         arrays |= {"state": np.stack(states), "action": np.stack(actions), "reward": np.asarray(rewards, np.float32)}
+        if hidden:
+            arrays |= {"environment_state": np.stack(hidden), "environment_state_names": np.array(hidden_names)}
         fps = int(env.suite.fps)
         for camera, images in frames.items():
             encoded = CameraFrames.encode(np.stack(images), fps=fps, dtype=recording.image_dtype or "video")
@@ -498,16 +505,27 @@ def _write_if_changed(out: Path, work: Path, suite: Suite, selection: dict[str, 
             pass  # a damaged evalforge.json: rewrite below
 
     episodes: list[Episode] = []
+    hidden_names: tuple[str, ...] = ()
     for task in suite.task_names:
         for s in selection[task]:
             path = _shard_path(work, task, s)
             with np.load(path) as shard:
                 episodes.append(Episode(task=task, state=shard["state"], action=shard["action"],
                                         reward=shard["reward"], success=True, seed=s,
-                                        cameras={c: _camera_frames(shard, c, path) for c in recording.cameras}))
+                                        cameras={c: _camera_frames(shard, c, path) for c in recording.cameras},
+                                        environment_state=shard["environment_state"]
+                                        if "environment_state" in shard else None))
+                if "environment_state_names" in shard:
+                    hidden_names = tuple(str(n) for n in shard["environment_state_names"])
+    # the hidden state goes in only when every episode has it (shards saved before it was recorded have none)
+    if any(ep.environment_state is None for ep in episodes):
+        for ep in episodes:
+            ep.environment_state = None
     write_dataset(
         out, episodes, fps=suite.fps, tasks={t.name: t.instruction for t in suite.tasks},
-        state_names=suite.state_names, action_names=suite.action_names, robot_type=suite.simulator,
+        state_names=suite.state_names, action_names=suite.action_names,
+        environment_state_names=hidden_names if episodes[0].environment_state is not None else (),
+        robot_type=suite.simulator,
         extra_info={
             "suite": suite.name,
             "created_by": "trainer collect-demos",

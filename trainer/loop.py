@@ -153,6 +153,7 @@ class StepResult:
     grad_norm: float
     tokens: int  # loss tokens in the global batch
     moe_aux_loss: float | None = None
+    auxiliary_loss: float | None = None  # a vision policy's environment-state loss (trainer/vision.py), unweighted
 
 
 class TrainStep:
@@ -192,15 +193,23 @@ class TrainStep:
 
         def forward_step(data: Iterator[Batch], model: torch.nn.Module) -> tuple[Tensor, Any]:
             batch = {k: v.to(device, non_blocking=True) for k, v in next(data).items()}
-            # a vision policy's batches carry their images too (trainer/vision.py's VisionGPTModel takes them)
-            images = {"pixel_values": batch["pixel_values"]} if "pixel_values" in batch else {}
+            # a vision policy's batches carry their images (and maybe auxiliary targets) too:
+            # trainer/vision.py's VisionGPTModel takes them
+            extra = {k: batch[k] for k in ("pixel_values", "environment_state") if k in batch}
             output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"),
-                           labels=batch["labels"], **images)
+                           labels=batch["labels"], **extra)
             mask = batch["loss_mask"].to(torch.float32)
+            # the auxiliary loss is a per-micro-batch mean: megatron's division by the number of
+            # micro-batches and the gradient average over ranks make it the global batch's mean
+            auxiliary = getattr(model, "auxiliary_loss", None) if "environment_state" in batch else None
 
             def loss_func(per_token: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
                 loss_sum = (per_token.float() * mask).sum()
-                return loss_sum * scale, {"loss_sum": loss_sum.detach()}
+                logged = {"loss_sum": loss_sum.detach()}
+                if auxiliary is None:
+                    return loss_sum * scale, logged
+                weighted, unweighted = auxiliary
+                return loss_sum * scale + weighted, logged | {"auxiliary": unweighted.detach()}
 
             return output, loss_func
 
@@ -210,9 +219,11 @@ class TrainStep:
             num_microbatches=len(micro_batches), seq_length=first.size(1), micro_batch_size=first.size(0),
             forward_only=False,
         )
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)
         totals[0] = sum(float(o["loss_sum"]) for o in outputs) if outputs else 0.0
         totals[1] = self._moe_aux_loss(len(micro_batches))
+        auxiliary = [float(o["auxiliary"]) for o in outputs if "auxiliary" in o]
+        totals[2] = sum(auxiliary) / len(auxiliary) if auxiliary else 0.0
         dist.all_reduce(totals, group=self.dp_group)
         if self.pp_size > 1:  # only the last stage computed the loss
             from megatron.core import parallel_state
@@ -220,13 +231,14 @@ class TrainStep:
             dist.all_reduce(totals, group=parallel_state.get_pipeline_model_parallel_group())
         loss = float(totals[0]) / global_tokens
         aux = float(totals[1]) / self.dp_size if self.is_moe else None
+        auxiliary_loss = float(totals[2]) / self.dp_size if auxiliary else None
         if not math.isfinite(loss):
             self.optimizer.zero_grad(set_to_none=True)
-            return StepResult(loss, float("nan"), 0, aux)
+            return StepResult(loss, float("nan"), 0, aux, auxiliary_loss)
         self._sync_grads()
         grad_norm = self._clip_grads()
         self.optimizer.step()
-        return StepResult(loss, grad_norm, int(global_tokens), aux)
+        return StepResult(loss, grad_norm, int(global_tokens), aux, auxiliary_loss)
 
     def _moe_aux_loss(self, num_micro: int) -> float:
         """Mean load-balancing loss over MoE layers and micro-batches (megatron tracks it); resets it."""
@@ -407,6 +419,8 @@ def train(cfg: TrainerConfig, model: torch.nn.Module, batches: BatchSource, layo
                           "tokens_per_s": step_tokens / elapsed, "tokens": float(state.tokens)}
                 if out.moe_aux_loss is not None:
                     values["moe_aux_loss"] = out.moe_aux_loss
+                if out.auxiliary_loss is not None:
+                    values["environment_state_loss"] = out.auxiliary_loss
                 logger.log(step, values)
             else:
                 logger.advance(step)

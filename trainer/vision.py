@@ -92,30 +92,88 @@ def _gpt_model_class() -> type:
         replicated on every rank. ``forward`` takes ``pixel_values`` ``[b, cameras, 3, H, W]``:
         the token embeddings of ``image_slice`` are replaced by the projected patches and the
         decoder runs on that (megatron's ``decoder_input``). Pipeline size 1 only.
+
+        With ``environment_state_dim`` (and ``environment_state_loss`` > 0) it also has two
+        :class:`EnvironmentStateHead` s, training only (the export leaves them out): one over the
+        sample's image rows (``environment_head``: the encoder must report the hidden state) and
+        one over the decoder's output at ``action_position``, where the first action token is
+        predicted (``decoder_environment_head``: the decoder must carry it to where it acts).
+        When ``forward`` is given ``environment_state`` targets it sets ``self.auxiliary_loss``
+        to (weight × the two MSEs' sum, their mean) for the training loop to add and log.
         """
 
-        def __init__(self, *args, vision: VisionEncoder, image_slice: slice, **kwargs) -> None:
+        def __init__(self, *args, vision: VisionEncoder, image_slice: slice, environment_state_dim: int = 0,
+                     environment_state_loss: float = 0.0, action_position: int = -1, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self.vision = VisionTower(vision, self.config.hidden_size)
             self.image_slice = image_slice
+            self.environment_state_loss = environment_state_loss
+            self.auxiliary_loss: tuple[torch.Tensor, torch.Tensor] | None = None
+            if environment_state_dim and environment_state_loss > 0:
+                rows = image_slice.stop - image_slice.start
+                self.environment_head = EnvironmentStateHead(rows * self.config.hidden_size, environment_state_dim)
+                self.decoder_environment_head = EnvironmentStateHead(self.config.hidden_size, environment_state_dim)
+                self.action_position = action_position
+                self._decoder_output: torch.Tensor | None = None
+
+                def keep_output(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+                    self._decoder_output = output  # [s, b, h], after the final layer norm
+
+                self.decoder.register_forward_hook(keep_output)
 
         def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                     labels: torch.Tensor | None = None, pixel_values: torch.Tensor | None = None,
-                    **kwargs: Any) -> torch.Tensor:
+                    environment_state: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+            self.auxiliary_loss = None
             if pixel_values is not None:
                 b, cameras = pixel_values.shape[:2]
                 rows = self.vision(pixel_values.flatten(0, 1)).reshape(b, -1, self.config.hidden_size)
+                if environment_state is not None and hasattr(self, "environment_head"):
+                    predicted = self.environment_head(rows.flatten(1).float())
+                    rows_mse = torch.nn.functional.mse_loss(predicted, environment_state.float())
                 embeds = self.embedding(input_ids=input_ids, position_ids=position_ids)  # [s, b, h]
                 where = self.image_slice
                 embeds = torch.cat([embeds[:where.start], rows.transpose(0, 1).to(embeds.dtype),
                                     embeds[where.stop:]])
                 kwargs["decoder_input"] = embeds
-            return super().forward(input_ids, position_ids, attention_mask, labels=labels, **kwargs)
+            output = super().forward(input_ids, position_ids, attention_mask, labels=labels, **kwargs)
+            if pixel_values is not None and environment_state is not None and hasattr(self, "environment_head"):
+                acting = self._decoder_output[self.action_position].float()  # [b, h]
+                decoder_mse = torch.nn.functional.mse_loss(self.decoder_environment_head(acting),
+                                                           environment_state.float())
+                self._decoder_output = None
+                self.auxiliary_loss = ((rows_mse + decoder_mse) * self.environment_state_loss,
+                                       (rows_mse + decoder_mse) / 2)
+            return output
 
     return VisionGPTModel
 
 
-def build_vision_model(cfg: Any, vision: VisionEncoder, image_slice: slice) -> torch.nn.Module:
+class EnvironmentStateHead(nn.Module):
+    """Training only: the image rows of a sample, flattened, → the state the policy is not shown.
+
+    A two-layer MLP (linear, GELU, linear) over every projected patch of every camera, so its
+    input keeps where in the image each feature is. Its regression loss (``vision.
+    environment_state_loss``) teaches the encoder to report what the images show of the hidden
+    state — a pixel suite's goal — instead of leaving that to be inferred from action targets
+    alone; the policy never receives the hidden state, and ``trainer export`` leaves the head out.
+    """
+
+    def __init__(self, in_features: int, out_features: int, hidden: int = 256) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(in_features, hidden)
+        self.linear_2 = nn.Linear(hidden, out_features)
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.linear_2(nn.functional.gelu(self.linear_1(rows)))
+
+
+ENVIRONMENT_HEAD_PREFIXES = ("environment_head.", "decoder_environment_head.")
+"""Training-checkpoint names of the :class:`EnvironmentStateHead` s, which no export keeps."""
+
+
+def build_vision_model(cfg: Any, vision: VisionEncoder, image_slice: slice, *, environment_state_dim: int = 0,
+                       environment_state_loss: float = 0.0, action_position: int = -1) -> torch.nn.Module:
     """``trainer.model.build_model`` of a vision policy (see ``VisionGPTModel``)."""
     from megatron.core import parallel_state
 
@@ -124,13 +182,17 @@ def build_vision_model(cfg: Any, vision: VisionEncoder, image_slice: slice) -> t
 
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         raise ConfigError("a vision policy trains with parallel.pipeline 1 (the encoder feeds the first stage)")
-    return build_model(cfg, model_class=_gpt_model_class(), vision=vision, image_slice=image_slice)
+    return build_model(cfg, model_class=_gpt_model_class(), vision=vision, image_slice=image_slice,
+                       environment_state_dim=environment_state_dim, environment_state_loss=environment_state_loss,
+                       action_position=action_position)
 
 
 def split_vision_state(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """A training checkpoint's tensors → (the decoder's, the vision file's under its own names)."""
+    """A training checkpoint's tensors → (the decoder's, the vision file's under its own names); the
+    training-only :class:`EnvironmentStateHead` is in neither."""
     vision = {k.removeprefix(VISION_PREFIX): v for k, v in state.items() if k.startswith(VISION_PREFIX)}
-    return {k: v for k, v in state.items() if not k.startswith(VISION_PREFIX)}, vision
+    return {k: v for k, v in state.items()
+            if not k.startswith((VISION_PREFIX, *ENVIRONMENT_HEAD_PREFIXES))}, vision
 
 
 class CameraImages:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Literal
 from trainer.config import ConfigError, TrainerConfig, config_from_args
 
 if TYPE_CHECKING:  # torch, megatron and the simulators load only when a run starts
+    import numpy as np
     import torch
 
     from benchmarks.suite import Suite
@@ -129,6 +130,12 @@ class VisionConfig:
     """Augmentation: brightness and contrast scaled by up to ± this fraction; 0: off."""
     blank: bool = False
     """Control runs: train on black images (the policy cannot see)."""
+    environment_state_loss: float = 0.0
+    """Weight of an auxiliary, training-only loss: a head over the image rows regresses the dataset's
+    ``observation.environment_state`` (what the suite hides from the state, e.g. a pixel suite's goal;
+    ``collect-demos`` records it), scaled to [-1, 1] by its min/max, by mean squared error. It teaches
+    the encoder to read the goal from the images; the policy is never given the hidden state and the
+    export leaves the head out. 0: off."""
 
     @property
     def camera_names(self) -> list[str]:
@@ -169,6 +176,10 @@ class VLAConfig(TrainerConfig):
             raise ConfigError(f"data.state_noise must be ≥ 0, got {self.data.state_noise}")
         if self.data.min_range <= 0:
             raise ConfigError(f"data.min_range must be positive, got {self.data.min_range}")
+        if self.vision.environment_state_loss < 0:
+            raise ConfigError(f"vision.environment_state_loss must be ≥ 0, got {self.vision.environment_state_loss}")
+        if self.vision.environment_state_loss > 0 and not self.vision.camera_names:
+            raise ConfigError("vision.environment_state_loss needs a vision policy: set vision.cameras")
 
 
 @dataclass
@@ -225,6 +236,25 @@ def resolve_suite(cfg: VLAConfig, dataset: DemonstrationDataset) -> Suite | None
         raise DatasetError(f"{dataset.root}: tasks {unknown} are not tasks of suite {suite.name} "
                            f"({', '.join(suite.task_names)}); set data.suite to the suite the demos were recorded in")
     return suite
+
+
+def environment_state_targets(dataset: DemonstrationDataset, min_range: float) -> np.ndarray:
+    """float32 ``[frames, E]``: every frame's ``observation.environment_state`` scaled to [-1, 1] by its
+    min/max (``vision.environment_state_loss``'s targets)."""
+    import numpy as np
+
+    from trainer.data.lerobot import ENV_STATE, DatasetError
+    from trainer.data.robot import widen_degenerate
+
+    if not dataset.environment_state_dim:
+        raise DatasetError(f"{dataset.root}: has no {ENV_STATE} for vision.environment_state_loss; collect the "
+                           "demos again with `trainer collect-demos` (it records what a pixel suite hides), or set "
+                           "vision.environment_state_loss to 0")
+    stats = dataset.stats.get(ENV_STATE) or {}
+    low, high = widen_degenerate(np.asarray(stats.get("min"), np.float64), np.asarray(stats.get("max"), np.float64),
+                                 min_range)
+    values = np.concatenate([ep.environment_state for ep in dataset.episodes]).astype(np.float64)
+    return (2 * (values - low) / (high - low) - 1).astype(np.float32)
 
 
 def resolve_model(cfg: VLAConfig, vocab_size: int, seq_length: int) -> VLAConfig:
@@ -309,7 +339,10 @@ def vla(cfg: VLAConfig) -> VLAResult:
         images = CameraImages(dataset, card.cameras, shift=cfg.vision.shift, color_jitter=cfg.vision.color_jitter,
                               blank=cfg.vision.blank)
     tokenizer = card.tokenizer()
-    samples = RobotSamples(dataset, tokenizer, state_noise=cfg.data.state_noise, images=images)
+    hidden = environment_state_targets(dataset, cfg.data.min_range) if cfg.vision.environment_state_loss > 0 \
+        else None
+    samples = RobotSamples(dataset, tokenizer, state_noise=cfg.data.state_noise, images=images,
+                           environment_state=hidden)
     cfg = resolve_model(cfg, tokenizer.layout.vocab_size, tokenizer.seq_length)
 
     layout = parallel.initialize(cfg.parallel, cfg.training.seed)
@@ -317,7 +350,10 @@ def vla(cfg: VLAConfig) -> VLAResult:
         if card.vision is not None:
             from trainer.vision import build_vision_model
 
-            model = build_vision_model(cfg.model, card.vision, tokenizer.image_slice)
+            model = build_vision_model(cfg.model, card.vision, tokenizer.image_slice,
+                                       environment_state_dim=0 if hidden is None else hidden.shape[1],
+                                       environment_state_loss=cfg.vision.environment_state_loss,
+                                       action_position=tokenizer.prompt_len - 1)
         else:
             model = build_model(cfg.model)
         if cfg.init.bin_embeddings == "sinusoidal":
@@ -336,7 +372,8 @@ def vla(cfg: VLAConfig) -> VLAResult:
             "steps": steps, "trained_by": "trainer vla", "run_dir": str(run_dir.resolve()),
             "normalization": cfg.data.normalization, "state_noise": cfg.data.state_noise,
             **({"image_augmentation": {"shift": cfg.vision.shift, "color_jitter": cfg.vision.color_jitter},
-                "blank_images": cfg.vision.blank} if card.vision is not None else {}),
+                "blank_images": cfg.vision.blank,
+                "environment_state_loss": cfg.vision.environment_state_loss} if card.vision is not None else {}),
             "final_loss": result.losses.get(result.step),
         }
         policy_json = run_dir / "policy.json"

@@ -340,3 +340,22 @@ def test_a_pixel_suite_draws_its_goal_big_and_green_and_plays_as_the_stock_one()
     assert green(stock_frames["corner"]) == 0
     assert green(pixel_frames["corner"]) >= 4 and green(pixel_frames["top"]) >= 4  # a few pixels at 64 px
     assert pixel_states == stock_states  # the marker changes the picture, not the physics
+
+
+def test_the_first_frame_of_an_episode_shows_its_own_goal():
+    """MetaWorld places the goal site after its last kinematics pass of a reset; without bringing the scene
+    up to date the first frame of every episode showed the previous episode's goal."""
+    import mujoco
+
+    env = get_suite("metaworld-mt1-reach-pixels").make_env("reach-v3", 0)
+    try:
+        for seed in (0, 1, 2):
+            env.reset(seed)
+            first = env.render_images({"corner": (64, 64)})["corner"]
+            model, data = env._env.model, env._env.data
+            goal_site = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_SITE, "goal")
+            np.testing.assert_allclose(data.site_xpos[goal_site], env.hidden_state()[1], atol=1e-6)
+            mujoco.mj_kinematics(model, data)
+            np.testing.assert_array_equal(first, env.render_images({"corner": (64, 64)})["corner"])
+    finally:
+        env.close()

@@ -313,6 +313,38 @@ def test_writer_splits_and_round_trips(tmp_path, monkeypatch):
         np.testing.assert_array_equal(ep.action, orig.action)
 
 
+def test_environment_state_round_trips_and_is_all_or_none(tmp_path):
+    rng = np.random.default_rng(1)
+
+    def episode(n: int, hidden: bool) -> Episode:
+        return Episode(task="a", state=rng.normal(size=(n, 3)).astype(np.float32),
+                       action=rng.normal(size=(n, 2)).astype(np.float32),
+                       environment_state=rng.normal(size=(n, 2)).astype(np.float32) if hidden else None)
+
+    episodes = [episode(4, True), episode(3, True)]
+    info = write_dataset(tmp_path / "ds", episodes, fps=10, tasks={"a": "do a"}, environment_state_names=["gx", "gy"])
+    assert info["features"]["observation.environment_state"] == {"dtype": "float32", "shape": [2],
+                                                                 "names": ["gx", "gy"]}
+    ds = DemonstrationDataset(tmp_path / "ds")
+    assert ds.environment_state_dim == 2
+    for ep, orig in zip(ds, episodes, strict=True):
+        np.testing.assert_array_equal(ep.environment_state, orig.environment_state)
+    together = np.concatenate([e.environment_state for e in episodes])
+    np.testing.assert_allclose(ds.stats["observation.environment_state"]["max"], together.max(axis=0), rtol=1e-6)
+    with pytest.raises(ValueError, match="episode 1 .* has environment_state None"):
+        write_dataset(tmp_path / "mixed", [episode(4, True), episode(3, False)], fps=10, tasks={"a": "do a"})
+    # a dataset without it (every one written before) reads as before
+    write_dataset(tmp_path / "plain", [episode(2, False)], fps=10, tasks={"a": "do a"})
+    plain = DemonstrationDataset(tmp_path / "plain")
+    assert plain.environment_state_dim == 0 and plain[0].environment_state is None
+    assert "observation.environment_state" not in plain.info["features"]
+
+
+def test_a_state_suite_records_no_environment_state(reach_demos):
+    ds = DemonstrationDataset(reach_demos[0])
+    assert ds.environment_state_dim == 0 and "observation.environment_state" not in ds.info["features"]
+
+
 def test_old_collection_inside_the_dataset_moves_beside_it_and_is_rewritten(tmp_path):
     """A collection made before #17 (tests/data/written-by-evalforge-650ce7c: OUT/.collect, tasks.jsonl,
     info.json's "evalforge") stays readable, and resuming it moves the work folder out and rewrites the dataset."""

@@ -20,7 +20,7 @@ from policy_format import load_checkpoint, pixel_values
 from services.protocol.client import PolicyClient
 from tests.policy_server.conftest import start_server
 from trainer.cli import main as trainer_main
-from trainer.data.lerobot import DemonstrationDataset
+from trainer.data.lerobot import DatasetError, DemonstrationDataset
 from trainer.data.robot import RobotSamples, dataset_card
 
 SUITE = "metaworld-mt1-reach-pixels"
@@ -115,6 +115,57 @@ def test_the_export_of_a_vision_checkpoint_needs_its_card(dataset_dir, tmp_path)
     with pytest.raises(SystemExit, match="has no vision section"):
         trainer_main(["export", str(tmp_path / "run" / "checkpoints"), "--out", str(tmp_path / "out"),
                       "--policy-json", str(tmp_path / "card.json")])
+
+
+def test_the_pixel_demos_record_the_hidden_goal(dataset_dir):
+    from benchmarks.registry import get_suite
+
+    dataset = DemonstrationDataset(dataset_dir)
+    assert dataset.info["features"]["observation.environment_state"]["names"] == ["goal_x", "goal_y", "goal_z"]
+    with get_suite(SUITE).make_env("reach-v3", 0) as env:
+        for ep in dataset:
+            env.reset(ep.seed)
+            goal = env.expert_observation()["state"][36:39]
+            assert ep.environment_state.shape == (ep.length, 3)
+            np.testing.assert_allclose(ep.environment_state, np.broadcast_to(goal, (ep.length, 3)), atol=1e-6)
+        assert env.hidden_state()[0] == ("goal_x", "goal_y", "goal_z")
+    with get_suite("metaworld-mt1-reach").make_env("reach-v3", 0) as env:
+        env.reset()
+        assert env.hidden_state() is None  # the state suite hides nothing
+
+
+def test_the_environment_state_loss_trains_a_head_that_the_export_leaves_out(dataset_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    recipe = _recipe(tmp_path, dataset_dir, environment_state_loss=1.0)
+    assert trainer_main(["vla", "--config", str(recipe), "--schedule.train_steps", "12",
+                         "--logging.log_every", "1"]) == 0
+    run = tmp_path / "run"
+    logged = [json.loads(line).get("environment_state_loss") for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert None not in logged and len(logged) == 12
+    assert logged[-1] < 0.5 * logged[0]  # the head learns the two episodes' goals from their images
+    trained = load_file(str(run / "checkpoints" / "iter_0000012" / "model.safetensors"))
+    assert {k for k in trained if "environment_head." in k} == {
+        f"{head}.linear_{i}.{p}" for head in ("environment_head", "decoder_environment_head")
+        for i in (1, 2) for p in ("weight", "bias")}
+    assert trained["decoder_environment_head.linear_1.weight"].shape == (256, 64)  # the decoder's width
+    policy = run / "policy"
+    exported = set(load_file(str(policy / "model.safetensors"))) | set(load_file(str(policy / "vision.safetensors")))
+    assert not any("environment_head" in k for k in exported)
+    assert load_checkpoint(policy).card.provenance["environment_state_loss"] == 1.0
+
+
+def test_the_environment_state_loss_needs_images_and_recorded_state(dataset_dir, tmp_path):
+    from trainer.vla import environment_state_targets
+
+    with pytest.raises(SystemExit, match="environment_state_loss needs a vision policy"):
+        trainer_main(["vla", "--config", str(_recipe(tmp_path, dataset_dir)), "--vision.cameras", "",
+                      "--vision.environment_state_loss", "1"])
+    theirs = DemonstrationDataset(Path(__file__).parents[1] / "data" / "lerobot-0.6.1" / "written-by-lerobot")
+    with pytest.raises(DatasetError, match="has no observation.environment_state"):
+        environment_state_targets(theirs, 1e-3)
+    targets = environment_state_targets(DemonstrationDataset(dataset_dir), 1e-3)
+    assert targets.min() >= -1 and targets.max() <= 1
 
 
 def test_data_parallel_2_trains_the_vision_policy_as_one_process_does(dataset_dir, tmp_path):

@@ -11,6 +11,7 @@ from lerobot_format.dataset import (  # noqa: F401  (re-exported)
     CODEBASE_VERSION,
     DATA_FILES_SIZE_MB,
     DATA_PATH,
+    ENV_STATE,
     EPISODES_PATH,
     EVALFORGE_PATH,
     IMAGE_DTYPES,

@@ -156,7 +156,7 @@ class RobotSamples:
     """
 
     def __init__(self, dataset: DemonstrationDataset, tokenizer: PolicyTokenizer, *,
-                 state_noise: float = 0.0, images: Any = None) -> None:
+                 state_noise: float = 0.0, images: Any = None, environment_state: np.ndarray | None = None) -> None:
         if state_noise < 0:
             raise ConfigError(f"data.state_noise must be ≥ 0, got {state_noise}")
         if (dataset.state_dim, dataset.action_dim) != (tokenizer.state_dim, tokenizer.action_dim):
@@ -171,6 +171,11 @@ class RobotSamples:
         self.state_noise = state_noise
         self.images = images
         """A vision policy's ``trainer.vision.CameraImages``: batches gain ``pixel_values``."""
+        if environment_state is not None and len(environment_state) != dataset.num_frames:
+            raise DatasetError(f"{dataset.root}: {len(environment_state)} environment-state targets for "
+                               f"{dataset.num_frames} frames")
+        self.environment_state = environment_state
+        """float32 ``[frames, E]`` auxiliary targets (``vision.environment_state_loss``): batches gain them."""
         self.augments = state_noise > 0 or (images is not None and bool(images.shift or images.color_jitter))
         self._task_names = tokenizer.tasks
         states = np.concatenate([ep.state for ep in dataset.episodes])
@@ -233,6 +238,8 @@ class RobotSamples:
             "loss_mask": torch.from_numpy(np.broadcast_to(self._labels_mask, (b, self.seq_length)).copy()),
             "position_ids": torch.from_numpy(np.broadcast_to(self._positions, (b, self.seq_length)).copy()),
             **({"pixel_values": self.images.pixel_values(indices, noise)} if self.images is not None else {}),
+            **({"environment_state": torch.from_numpy(self.environment_state[np.asarray(indices)])}
+               if self.environment_state is not None else {}),
         }
 
 
