@@ -109,12 +109,12 @@ def _gpt_model_class() -> type:
             self.image_slice = image_slice
             self.environment_state_loss = environment_state_loss
             self.auxiliary_loss: tuple[torch.Tensor, torch.Tensor] | None = None
+            self._decoder_output: torch.Tensor | None = None
             if environment_state_dim and environment_state_loss > 0:
                 rows = image_slice.stop - image_slice.start
                 self.environment_head = EnvironmentStateHead(rows * self.config.hidden_size, environment_state_dim)
                 self.decoder_environment_head = EnvironmentStateHead(self.config.hidden_size, environment_state_dim)
                 self.action_position = action_position
-                self._decoder_output: torch.Tensor | None = None
 
                 def keep_output(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
                     self._decoder_output = output  # [s, b, h], after the final layer norm
@@ -124,23 +124,22 @@ def _gpt_model_class() -> type:
         def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                     labels: torch.Tensor | None = None, pixel_values: torch.Tensor | None = None,
                     environment_state: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
-            self.auxiliary_loss = None
+            self.auxiliary_loss = self._decoder_output = None
+            auxiliary = pixel_values is not None and environment_state is not None and hasattr(self, "environment_head")
             if pixel_values is not None:
                 b, cameras = pixel_values.shape[:2]
                 rows = self.vision(pixel_values.flatten(0, 1)).reshape(b, -1, self.config.hidden_size)
-                if environment_state is not None and hasattr(self, "environment_head"):
-                    predicted = self.environment_head(rows.flatten(1).float())
-                    rows_mse = torch.nn.functional.mse_loss(predicted, environment_state.float())
                 embeds = self.embedding(input_ids=input_ids, position_ids=position_ids)  # [s, b, h]
                 where = self.image_slice
                 embeds = torch.cat([embeds[:where.start], rows.transpose(0, 1).to(embeds.dtype),
                                     embeds[where.stop:]])
                 kwargs["decoder_input"] = embeds
             output = super().forward(input_ids, position_ids, attention_mask, labels=labels, **kwargs)
-            if pixel_values is not None and environment_state is not None and hasattr(self, "environment_head"):
+            if auxiliary:
+                target = environment_state.float()
+                rows_mse = nn.functional.mse_loss(self.environment_head(rows.flatten(1).float()), target)
                 acting = self._decoder_output[self.action_position].float()  # [b, h]
-                decoder_mse = torch.nn.functional.mse_loss(self.decoder_environment_head(acting),
-                                                           environment_state.float())
+                decoder_mse = nn.functional.mse_loss(self.decoder_environment_head(acting), target)
                 self._decoder_output = None
                 self.auxiliary_loss = ((rows_mse + decoder_mse) * self.environment_state_loss,
                                        (rows_mse + decoder_mse) / 2)
@@ -150,13 +149,14 @@ def _gpt_model_class() -> type:
 
 
 class EnvironmentStateHead(nn.Module):
-    """Training only: the image rows of a sample, flattened, → the state the policy is not shown.
+    """Training only: features of a sample → the state the policy is not shown (a two-layer MLP).
 
-    A two-layer MLP (linear, GELU, linear) over every projected patch of every camera, so its
-    input keeps where in the image each feature is. Its regression loss (``vision.
-    environment_state_loss``) teaches the encoder to report what the images show of the hidden
-    state — a pixel suite's goal — instead of leaving that to be inferred from action targets
-    alone; the policy never receives the hidden state, and ``trainer export`` leaves the head out.
+    ``VisionGPTModel`` has two: one over every projected patch of every camera, flattened (so
+    its input keeps where in the image each feature is), and one over the decoder's output where
+    it acts. Their regression loss (``vision.environment_state_loss``) teaches the encoder and the
+    decoder to carry what the images show of the hidden state — a pixel suite's goal — instead of
+    leaving that to be inferred from action targets alone; the policy never receives the hidden
+    state, and ``trainer export`` leaves the heads out.
     """
 
     def __init__(self, in_features: int, out_features: int, hidden: int = 256) -> None:

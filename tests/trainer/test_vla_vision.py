@@ -138,13 +138,14 @@ def test_the_environment_state_loss_trains_a_head_that_the_export_leaves_out(dat
     from safetensors.torch import load_file
 
     recipe = _recipe(tmp_path, dataset_dir, environment_state_loss=1.0)
-    assert trainer_main(["vla", "--config", str(recipe), "--schedule.train_steps", "12",
+    assert trainer_main(["vla", "--config", str(recipe), "--schedule.train_steps", "40", "--optimizer.lr", "3e-3",
                          "--logging.log_every", "1"]) == 0
     run = tmp_path / "run"
     logged = [json.loads(line).get("environment_state_loss") for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert None not in logged and len(logged) == 12
-    assert logged[-1] < 0.5 * logged[0]  # the head learns the two episodes' goals from their images
-    trained = load_file(str(run / "checkpoints" / "iter_0000012" / "model.safetensors"))
+    assert None not in logged and len(logged) == 40
+    # the heads learn the two episodes' goals from their images
+    assert np.mean(logged[-5:]) < 0.5 * np.mean(logged[:5])
+    trained = load_file(str(run / "checkpoints" / "iter_0000040" / "model.safetensors"))
     assert {k for k in trained if "environment_head." in k} == {
         f"{head}.linear_{i}.{p}" for head in ("environment_head", "decoder_environment_head")
         for i in (1, 2) for p in ("weight", "bias")}
