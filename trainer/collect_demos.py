@@ -33,6 +33,13 @@ interruptions. Keep OUT.collect/ to resume or extend later; delete it to save
 space. A collection made before the work folder moved (OUT/.collect/) is moved
 beside the dataset on the next run, and its dataset rewritten in today's layout.
 
+Noise (DART, Laskey et al. 2017): ``--action-noise SIGMA`` plays each step with the
+expert's action plus Gaussian noise of standard deviation SIGMA times the half-range
+of the action bounds (then clipped), and records the expert's clean action for the
+state it reached. The demos then show how to come back from the small mistakes a
+learned policy makes, which a noise-free expert never makes. The noise of an episode
+is drawn from its (task, seed), so the dataset still depends on the arguments only.
+
 Work is spread over --workers processes (default: the usable CPU cores), each
 keeping a few simulators alive between episodes. The dataset layout is described
 in trainer/data/lerobot.py and docs/datasets.md.
@@ -88,6 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="record N × N frames (default: each camera's default size)")
     parser.add_argument("--image-dtype", choices=IMAGE_DTYPES, default="video",
                         help="video: LeRobot v3 AV1 mp4 per camera (default); image: a PNG per frame")
+    parser.add_argument("--action-noise", type=float, default=0.0, metavar="SIGMA",
+                        help="play the expert's action plus N(0, SIGMA × half the action range), record the "
+                             "clean action (DART; default 0: no noise)")
 
 
 @dataclass
@@ -140,7 +150,8 @@ def run(args: argparse.Namespace) -> CollectionReport:
         cameras = [c.strip() for c in args.cameras.split(",") if c.strip()]
         report = collect_demos(args.suite, args.out, args.episodes_per_task, seed=args.seed,
                                workers=args.workers, max_attempts=args.max_attempts, cameras=cameras,
-                               image_size=args.image_size, image_dtype=args.image_dtype)
+                               image_size=args.image_size, image_dtype=args.image_dtype,
+                               action_noise=args.action_noise)
     except (SuiteError, CollectionError) as e:
         raise SystemExit(f"trainer collect-demos: {e}") from None
     except KeyboardInterrupt:
@@ -164,12 +175,14 @@ def collect_demos(
     cameras: Sequence[str] = (),
     image_size: int | None = None,
     image_dtype: str = "video",
+    action_noise: float = 0.0,
     show_progress: bool = True,
 ) -> CollectionReport:
     """Collect, resume or extend a demonstration dataset; see the module docstring.
 
     ``cameras`` names the cameras to record (``image_size``: N × N frames, else each
-    camera's default size), stored as ``image_dtype`` "video" or "image".
+    camera's default size), stored as ``image_dtype`` "video" or "image";
+    ``action_noise`` is the DART noise (a fraction of the action half-range).
     """
     from rich.console import Console
 
@@ -201,7 +214,9 @@ def collect_demos(
     sizes = suite.resolve_cameras({c: (image_size, image_size) for c in cameras} if image_size else list(cameras))
     if image_size is not None and not cameras:
         raise CollectionError("--image-size needs --cameras (which cameras to record at that size)")
-    recording = Recording(cameras=sizes, image_dtype=image_dtype if sizes else None)
+    if not (0.0 <= action_noise <= 1.0):
+        raise CollectionError(f"--action-noise {action_noise}: give a fraction of the action half-range in [0, 1]")
+    recording = Recording(cameras=sizes, image_dtype=image_dtype if sizes else None, action_noise=action_noise)
 
     work = _prepare_out(out, suite, seed, recording)
     console = Console(stderr=True, quiet=not show_progress)
@@ -231,13 +246,20 @@ def _usable_cores() -> int:
 
 @dataclass(frozen=True)
 class Recording:
-    """What each episode records besides state and action: cameras (name → (height, width)) and their dtype."""
+    """How each episode is played and what it records besides state and action.
+
+    Cameras (name → (height, width)), their dtype, and the DART noise on the played actions.
+    """
 
     cameras: dict[str, tuple[int, int]]
     image_dtype: str | None  # "video" or "image"; None without cameras
+    action_noise: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"cameras": {name: list(size) for name, size in self.cameras.items()}, "image_dtype": self.image_dtype}
+        # no noise is left out, so collections from before the option keep their identity
+        noise = {"action_noise": self.action_noise} if self.action_noise else {}
+        return {"cameras": {name: list(size) for name, size in self.cameras.items()},
+                "image_dtype": self.image_dtype, **noise}
 
 
 def work_dir(out: Path | str) -> Path:
@@ -257,6 +279,8 @@ def _prepare_out(out: Path, suite: Suite, seed: int, recording: Recording) -> Pa
     if run_file.is_file():
         previous = json.loads(run_file.read_text())
         previous_recording = {"cameras": previous.get("cameras", {}), "image_dtype": previous.get("image_dtype")}
+        if previous.get("action_noise"):
+            previous_recording["action_noise"] = previous["action_noise"]
         if (previous.get("suite"), previous.get("seed")) != (suite.name, seed):
             raise CollectionError(
                 f"--out {out} holds a collection for suite {previous.get('suite')} from seed "
@@ -265,7 +289,8 @@ def _prepare_out(out: Path, suite: Suite, seed: int, recording: Recording) -> Pa
         if previous_recording != recording.to_json():
             raise CollectionError(
                 f"--out {out} holds a collection recording {_describe(previous_recording)}; this run asks for "
-                f"{_describe(recording.to_json())}. Use the same --cameras, --image-size and --image-dtype to "
+                f"{_describe(recording.to_json())}. Use the same --cameras, --image-size, --image-dtype and "
+                "--action-noise to "
                 "resume, or another --out")
         if previous != this_run:
             run_file.write_text(json.dumps(this_run) + "\n")  # format 1 → 2: same collection, new fields
@@ -280,10 +305,11 @@ def _prepare_out(out: Path, suite: Suite, seed: int, recording: Recording) -> Pa
 
 def _describe(recording: Mapping[str, Any]) -> str:
     cameras = recording.get("cameras") or {}
+    noise = f" with action noise {recording['action_noise']}" if recording.get("action_noise") else ""
     if not cameras:
-        return "no cameras"
+        return "no cameras" + noise
     sizes = ", ".join(f"{name} {h}x{w}" for name, (h, w) in cameras.items())
-    return f"cameras {sizes} as {recording.get('image_dtype')}"
+    return f"cameras {sizes} as {recording.get('image_dtype')}{noise}"
 
 
 def _shard_path(work: Path, task: str, seed: int) -> Path:
@@ -413,6 +439,21 @@ def _play_missing(suite: Suite, work: Path, records: dict[str, dict[int, Attempt
 _WORKER_ENVS: OrderedDict[tuple[str, str], tuple[Any, Any]] = OrderedDict()
 
 
+def _action_noise(suite: Suite, task: str, seed: int, sigma: float) -> Callable[[np.ndarray], np.ndarray] | None:
+    """The DART perturbation of one episode (seeded by its task and seed), or None without noise."""
+    if not sigma:
+        return None
+    low, high = suite.action_low_array, suite.action_high_array
+    scale = sigma * (high - low) / 2
+    task_key = int.from_bytes(hashlib.sha256(task.encode()).digest()[:8], "little")
+    rng = np.random.default_rng([task_key, seed])
+
+    def perturb(action: np.ndarray) -> np.ndarray:
+        return np.clip(action + rng.normal(size=action.shape) * scale, low, high).astype(action.dtype)
+
+    return perturb
+
+
 def play_episode(suite_name: str, task: str, seed: int, shard: str,
                  recording: Recording = Recording({}, None)) -> Attempt:
     """Play one expert episode and save it to ``shard`` (atomically); runs in a worker process.
@@ -429,6 +470,7 @@ def play_episode(suite_name: str, task: str, seed: int, shard: str,
         if len(_WORKER_ENVS) > ENVS_PER_WORKER:
             _WORKER_ENVS.popitem(last=False)[1][0].close()
     env, expert = _WORKER_ENVS[key]
+    noise = _action_noise(env.suite, task, seed, recording.action_noise)
 
     obs = env.reset(seed)
     states: list[np.ndarray] = []
@@ -444,9 +486,11 @@ def play_episode(suite_name: str, task: str, seed: int, shard: str,
         if recording.cameras:
             for camera, image in env.render_images(recording.cameras).items():
                 frames[camera].append(image)
-        result = env.step(expert(env.expert_observation()))
+        clean = expert(env.expert_observation())
+        result = env.step(clean if noise is None else noise(clean))
         states.append(obs["state"])
-        actions.append(result.info["action"])  # the clipped action the simulator applied
+        # the clipped action the simulator applied, or with noise the expert's own (clipped) action
+        actions.append(result.info["action"] if noise is None else clean)
         rewards.append(result.reward)
         obs = result.obs
         if result.done:

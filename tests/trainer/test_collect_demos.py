@@ -367,3 +367,35 @@ def test_old_collection_inside_the_dataset_moves_beside_it_and_is_rewritten(tmp_
 def test_a_resume_with_other_cameras_is_refused(reach_demos):
     with pytest.raises(CollectionError, match=r"recording no cameras; this run asks for cameras corner 96x96"):
         collect_demos(REACH, reach_demos[0], 2, workers=1, show_progress=False, cameras=["corner"])
+
+
+def test_action_noise_plays_perturbed_actions_and_records_the_expert(tmp_path, reach_demos):
+    """DART: the states leave the noise-free trajectory, every recorded action is the expert's
+    action for the recorded state, the same arguments give the same data, and a resume with
+    other noise is refused."""
+    out = tmp_path / "noisy"
+    report = collect_demos(REACH, out, 2, workers=1, show_progress=False, action_noise=0.3)
+    assert report.episodes == 2
+    suite = get_suite(REACH)
+    expert = suite.expert("reach-v3")
+    clean = {ep.seed: ep for ep in DemonstrationDataset(reach_demos[0])}
+    noisy = list(DemonstrationDataset(out))
+    assert DemonstrationDataset(out).evalforge["action_noise"] == 0.3
+    moved = 0
+    for ep in noisy:
+        for state, action in zip(ep.state, ep.action, strict=True):
+            np.testing.assert_allclose(action, expert({"state": state}), atol=1e-6)
+        if ep.seed in clean:
+            np.testing.assert_array_equal(ep.state[0], clean[ep.seed].state[0])  # same initial state
+            n = min(ep.length, clean[ep.seed].length)
+            moved += not np.allclose(ep.state[:n], clean[ep.seed].state[:n])
+    assert moved > 0, "the noise never moved the hand off the expert's own path"
+    again = list(DemonstrationDataset(collect_demos(REACH, tmp_path / "again", 2, workers=1, show_progress=False,
+                                                    action_noise=0.3).out))
+    for a, b in zip(noisy, again, strict=True):
+        np.testing.assert_array_equal(a.state, b.state)
+        np.testing.assert_array_equal(a.action, b.action)
+    with pytest.raises(CollectionError, match=r"with action noise 0.3; this run asks for no cameras\. Use"):
+        collect_demos(REACH, out, 2, workers=1, show_progress=False)
+    with pytest.raises(CollectionError, match=r"--action-noise 1.5"):
+        collect_demos(REACH, tmp_path / "big", 2, workers=1, show_progress=False, action_noise=1.5)
