@@ -131,11 +131,12 @@ class VisionConfig:
     blank: bool = False
     """Control runs: train on black images (the policy cannot see)."""
     environment_state_loss: float = 0.0
-    """Weight of an auxiliary, training-only loss: a head over the image rows regresses the dataset's
+    """Weight of an auxiliary, training-only loss: two heads, one over the image rows and one over the
+    decoder's output where it predicts the first action token, regress the dataset's
     ``observation.environment_state`` (what the suite hides from the state, e.g. a pixel suite's goal;
     ``collect-demos`` records it), scaled to [-1, 1] by its min/max, by mean squared error. It teaches
-    the encoder to read the goal from the images; the policy is never given the hidden state and the
-    export leaves the head out. 0: off."""
+    the encoder to read the goal from the images and the decoder to carry it to where it acts; the
+    policy is never given the hidden state and the export leaves both heads out. 0: off."""
 
     @property
     def camera_names(self) -> list[str]:

@@ -24,6 +24,7 @@ RECIPES = {
     "vla-reach-fast.yaml": (VLAConfig, []),
     "vla-mt10.yaml": (VLAConfig, []),
     "vla-reach-pixels.yaml": (VLAConfig, []),
+    "vla-reach-pixels-state.yaml": (VLAConfig, []),
 }
 
 
