@@ -290,8 +290,7 @@ def _prepare_out(out: Path, suite: Suite, seed: int, recording: Recording) -> Pa
             raise CollectionError(
                 f"--out {out} holds a collection recording {_describe(previous_recording)}; this run asks for "
                 f"{_describe(recording.to_json())}. Use the same --cameras, --image-size, --image-dtype and "
-                "--action-noise to "
-                "resume, or another --out")
+                "--action-noise to resume, or another --out")
         if previous != this_run:
             run_file.write_text(json.dumps(this_run) + "\n")  # format 1 → 2: same collection, new fields
     elif out.exists() and any(out.iterdir()):
@@ -445,6 +444,8 @@ def _action_noise(suite: Suite, task: str, seed: int, sigma: float) -> Callable[
         return None
     low, high = suite.action_low_array, suite.action_high_array
     scale = sigma * (high - low) / 2
+    # not the simulator's default_rng([crc32(task), seed]) (metaworld._task_rng), which draws the initial
+    # state: the noise must be a stream of its own
     task_key = int.from_bytes(hashlib.sha256(task.encode()).digest()[:8], "little")
     rng = np.random.default_rng([task_key, seed])
 
