@@ -19,7 +19,10 @@ Every client of the vision policy sends its ``corner`` image in each observation
 requests of its scheduling window (``BatchedVisionEncoder``) and hands vLLM the mixed
 prompt. Each side's mean engine batch size (running requests per engine step, from
 vLLM's scheduler stats: the raw engine's own, the server's ``/metrics`` histogram) and
-the server's encoder wait (``timing["encoder_ms"]``) are printed in a second table.
+the server's encoder wait (``timing["encoder_ms"]``) are printed in a second table, and
+the CPU time per finished request of each side's processes (this process, the serving
+process and its encoder's share, vLLM's engine core, its workers) in a third: on a small
+CPU host every millisecond the serving process spends is one vLLM's engine core may miss.
 
 Raw and server run at once, one policy size at a time, and each concurrency level
 is measured in ``--rounds`` rounds of windows taken in turns — raw with vLLM's
@@ -53,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -92,6 +95,7 @@ class Window:
     latencies: list[float]
     seconds: float
     batch: tuple[float, float] = (0.0, 0.0)  # (sum, count) of the engine's batch sizes during the window
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds of each process role during the window
 
 
 @dataclass
@@ -102,6 +106,7 @@ class Cell:
     engine_p50_ms: float | None = None  # time inside the server's engine, from the reply's timing
     batch_mean: float | None = None  # mean running requests per engine step
     encoder_p50_ms: float | None = None  # a vision request's wait for its image rows, from the reply's timing
+    cpu_ms: dict[str, float] = field(default_factory=dict)  # CPU ms per finished request, by process role
 
     @property
     def actions_per_s(self) -> float:
@@ -117,11 +122,13 @@ class Cell:
         steps = sum(w.batch[1] for w in windows)
         batch = sum(w.batch[0] for w in windows) / steps if steps else None
         encoder_p50 = float(np.median(encoder_ms)) if encoder_ms else None
+        roles = {role for w in windows for role in w.cpu}
+        cpu_ms = {role: 1e3 * sum(w.cpu.get(role, 0.0) for w in windows) / max(completed, 1) for role in roles}
         if not latencies:
-            return cls(completed / seconds, float("inf"), float("inf"), engine_p50, batch, encoder_p50)
+            return cls(completed / seconds, float("inf"), float("inf"), engine_p50, batch, encoder_p50, cpu_ms)
         lat = np.asarray(latencies) * 1e3
         return cls(completed / seconds, float(np.percentile(lat, 50)), float(np.percentile(lat, 99)), engine_p50,
-                   batch, encoder_p50)
+                   batch, encoder_p50, cpu_ms)
 
 
 def _states(n: int, dim: int = STATE_DIM) -> list[np.ndarray]:
@@ -140,9 +147,9 @@ def histogram(metrics_url: str, name: str) -> tuple[float, float]:
     """(sum, count) of one histogram of a policy server's ``/metrics``."""
     text = httpx.get(metrics_url, timeout=10).text
     values = {}
-    for field in ("sum", "count"):
-        match = re.search(rf"^{name}_{field}\S* (\S+)$", text, re.MULTILINE)
-        values[field] = float(match.group(1)) if match else 0.0
+    for part in ("sum", "count"):
+        match = re.search(rf"^{name}_{part}\S* (\S+)$", text, re.MULTILINE)
+        values[part] = float(match.group(1)) if match else 0.0
     return values["sum"], values["count"]
 
 
@@ -188,6 +195,48 @@ def place_engine_core(owner: psutil.Process, where: str) -> None:
         everything = set(range(os.cpu_count() or 1))
         compute = set(workers[0].cpu_affinity())
         pin_threads(engine_core, compute if where == "compute" else everything)
+
+
+# Who spends the CPU time of a window, per side (CPU_ROLES): this process (the clients, and for raw
+# the engine's front end), the policy server's process (its event loop, vLLM's front end, the vision
+# encoder; "encoder" is the encoder's share, from its /metrics counter), vLLM's engine-core process
+# (the scheduler) and its worker processes (the model).
+CPU_ROLES = ("benchmark process", "serving process", "of which encoder", "engine core", "workers")
+
+
+def process_roles(owner: psutil.Process, skip: set[int] = frozenset()) -> dict[str, list[psutil.Process]]:
+    """``owner`` and its vLLM processes by role (children whose pid is in ``skip`` left out)."""
+    roles: dict[str, list[psutil.Process]] = {"owner": [owner], "engine core": [], "workers": []}
+    for child in owner.children(recursive=True):
+        if child.pid in skip or any(p.pid in skip for p in child.parents()):
+            continue
+        name = child.name()
+        if "EngineCore" in name:
+            roles["engine core"].append(child)
+        elif "Worker" in name:
+            roles["workers"].append(child)
+    return roles
+
+
+def cpu_seconds(roles: dict[str, list[psutil.Process]]) -> dict[str, float]:
+    """User + system CPU seconds so far of each role's processes."""
+    out = {}
+    for role, procs in roles.items():
+        total = 0.0
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                continue
+        out[role] = total
+    return out
+
+
+def _metric(metrics_url: str, name: str) -> float:
+    text = httpx.get(metrics_url, timeout=10).text
+    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
 
 
 class RawEngine:
@@ -273,6 +322,17 @@ class ServerClients:
         return histogram(self.metrics_url, "evalforge_policy_engine_batch_size")
 
 
+def _side_cpu(side: str, roles: dict[str, list[psutil.Process]], bench_only: dict[str, list[psutil.Process]],
+              clients: ServerClients) -> dict[str, float]:
+    """CPU seconds so far of one side's processes, by CPU_ROLES."""
+    cpu = cpu_seconds(roles)
+    if side != "server":  # raw: its front end is this process
+        return {"benchmark process": cpu["owner"], "engine core": cpu["engine core"], "workers": cpu["workers"]}
+    encoder = _metric(clients.metrics_url, "evalforge_policy_encoder_cpu_seconds_total")
+    return {"benchmark process": cpu_seconds(bench_only)["owner"], "serving process": cpu["owner"],
+            "of which encoder": encoder, "engine core": cpu["engine core"], "workers": cpu["workers"]}
+
+
 async def bench_raw(checkpoint: Path, seconds: float, settings: EngineSettings,
                     concurrency: tuple[int, ...] = CONCURRENCY) -> dict[int, Cell]:
     """The raw engine alone (used by ``--sweep``)."""
@@ -312,6 +372,10 @@ async def compare(checkpoint: Path, settings: EngineSettings, levels: tuple[int,
         # From here this process (raw engine's front end and every benchmark client) is
         # on the serving cores, as the server's own process is; vLLM's compute cores
         # belong to the engines, which never run at the same time.
+        server_proc = psutil.Process(server.proc.pid)
+        server_roles = process_roles(server_proc)
+        raw_roles = process_roles(psutil.Process(), skip={server_proc.pid})
+        bench_only = {"owner": raw_roles["owner"]}
         try:
             for c in levels:
                 sides = [*RAW_PLACEMENTS, "server"]
@@ -323,15 +387,16 @@ async def compare(checkpoint: Path, settings: EngineSettings, levels: tuple[int,
                     for r in range(rounds):
                         for name in sides[r % len(sides):] + sides[:r % len(sides)]:
                             if name == "server":
-                                request, batch = clients.request, clients.batch
+                                request, batch, roles = clients.request, clients.batch, server_roles
                             else:
                                 place_engine_core(psutil.Process(), RAW_PLACEMENTS[name])
-                                request, batch = raw.request, lambda: tuple(raw.batch)
+                                request, batch, roles = raw.request, lambda: tuple(raw.batch), raw_roles
                             await asyncio.sleep(SETTLE_S)
-                            before = batch()
+                            before, cpu_before = batch(), _side_cpu(name, roles, bench_only, clients)
                             window = await _closed_loop(request, c, seconds)
-                            after = batch()
+                            after, cpu_after = batch(), _side_cpu(name, roles, bench_only, clients)
                             window.batch = (after[0] - before[0], after[1] - before[1])
+                            window.cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_after}
                             windows[name].append(window)
                 for name in sides:
                     out[name][c] = (Cell.pool(windows[name], clients.engine_ms, clients.encoder_ms) if name == "server"
@@ -486,6 +551,17 @@ async def main() -> None:
             print(f"| {size} | {c} | " + " | ".join(fmt(cells[name][c].batch_mean) for name in RAW_PLACEMENTS)
                   + f" | {fmt(cells['server'][c].batch_mean)} | {fmt(cells['server'][c].encoder_p50_ms)} "
                   f"| {fmt(cells['server'][c].engine_p50_ms)} |")
+    print("\n# CPU ms per finished request, by process (user + system; the idle side's processes stop polling "
+          "between windows)")
+    print("| policy | clients | side | " + " | ".join(CPU_ROLES) + " | total |")
+    print("|---|---:|---|" + "---:|" * (len(CPU_ROLES) + 1))
+    for size, cells in details:
+        for c in levels:
+            for name in (*RAW_PLACEMENTS, "server"):
+                cpu = cells[name][c].cpu_ms
+                total = sum(v for role, v in cpu.items() if role != "of which encoder")
+                print(f"| {size} | {c} | {name} | " + " | ".join(f"{cpu[r]:.2f}" if r in cpu else "—" for r in CPU_ROLES)
+                      + f" | {total:.2f} |")
     print(f"\nfinished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
           + " / ".join(f"{x:.1f}" for x in os.getloadavg()))
     print("\n| target | measured | met |")

@@ -138,6 +138,9 @@ class PolicyMetrics:
         self.encoder_batch_images = Histogram("evalforge_policy_encoder_batch_images",
                                               "Images in each vision-encoder forward (vision policies).",
                                               buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry)
+        self.encoder_cpu = Counter("evalforge_policy_encoder_cpu_seconds_total",
+                                   "CPU time of the vision encoder's forwards (vision policies).",
+                                   registry=self.registry)
 
 
 class PolicyService:
@@ -184,6 +187,7 @@ class PolicyService:
             tower = await asyncio.to_thread(load_vision_tower, self.checkpoint)
             self.vision = BatchedVisionEncoder(tower)
             self.vision.on_batch = self.metrics.encoder_batch_images.observe
+            self.vision.on_cpu = self.metrics.encoder_cpu.inc
         await self.engine.start()
         task = self.tokenizer.tasks[0]
         state = ((self.tokenizer.state.low + self.tokenizer.state.high) / 2).astype(np.float32)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,8 +92,10 @@ class BatchedVisionEncoder:
         self.tower = tower
         self.max_batch_images = max_batch_images
         self.on_batch: Callable[[int], None] | None = None  # told the image count of each forward
+        self.on_cpu: Callable[[float], None] | None = None  # told the CPU seconds of each forward
         self.forwards = 0
         self.images = 0
+        self.cpu_seconds = 0.0  # the encoder thread's CPU time in forwards (time.thread_time)
         self._pending: list[tuple[np.ndarray, asyncio.Future]] = []
         self._draining = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="vision-encoder")
@@ -139,12 +142,22 @@ class BatchedVisionEncoder:
             self._draining = False
 
     def forward(self, pixels: np.ndarray) -> object:
-        """One encoder forward (blocking; the encoder's thread runs it): ``[N, patches, text_hidden]``."""
+        """One encoder forward (blocking; the encoder's thread runs it): ``[N, patches, text_hidden]``.
+
+        Its CPU time (the calling thread's, torch's one-thread pool included) adds to
+        :attr:`cpu_seconds` and goes to :attr:`on_cpu`: what the encoder costs the serving
+        cores, which on a small CPU host is what the vLLM engine loses."""
         import torch
 
         match_threads_to_cores(torch)
+        cpu_start = time.thread_time()
         with torch.inference_mode():
-            return self.tower(torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32)))
+            rows = self.tower(torch.from_numpy(np.ascontiguousarray(pixels, dtype=np.float32)))
+        cpu = time.thread_time() - cpu_start
+        self.cpu_seconds += cpu
+        if self.on_cpu is not None:
+            self.on_cpu(cpu)
+        return rows
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

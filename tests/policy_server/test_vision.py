@@ -89,11 +89,12 @@ async def test_images_in_the_same_window_share_one_encoder_forward(vision_checkp
 
     ckpt = load_checkpoint(vision_checkpoint)
     encoder = BatchedVisionEncoder(load_vision_tower(ckpt))
-    sizes = []
-    encoder.on_batch = sizes.append
+    sizes, cpu = [], []
+    encoder.on_batch, encoder.on_cpu = sizes.append, cpu.append
     observations = [pixel_values(_images(s), ckpt.card.cameras) for s in range(8)]
     rows = await asyncio.gather(*(encoder.encode(p) for p in observations))
     assert encoder.forwards == 1 and sizes == [16]
+    assert len(cpu) == 1 and cpu[0] > 0 and encoder.cpu_seconds == cpu[0]  # the forward's CPU, told once
     for pixels, got in zip(observations, rows, strict=True):
         assert got.shape == (32, 128)
         np.testing.assert_allclose(got.numpy(), encoder.forward(pixels).reshape(32, 128).numpy(), atol=1e-5)
@@ -292,6 +293,9 @@ def test_a_vllm_vision_server_batches_concurrent_clients_and_matches_the_hf_engi
     images = {line.split("le=")[1].split("}")[0].strip('"'): float(line.split()[-1])
               for line in metrics.splitlines() if line.startswith("evalforge_policy_encoder_batch_images_bucket")}
     assert images["+Inf"] > images["2.0"], "the encoder never batched two observations' images"
+    cpu = [float(line.split()[-1]) for line in metrics.splitlines()
+           if line.startswith("evalforge_policy_encoder_cpu_seconds_total ")]
+    assert cpu and cpu[0] > 0, "the encoder's CPU time is not in /metrics"
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
