@@ -249,10 +249,17 @@ class Stack:
         return _run(command, self.env, check=check, timeout=timeout, cwd=REPO)
 
     def build(self) -> dict[str, str]:
-        """``compose build`` of one service per image (the others share them); the built images' ids."""
+        """``compose build`` of one service per image (the others share them); the built images' ids.
+
+        One image after the other: podman-compose builds the services it is given in parallel,
+        and two podman builds racing through the stages both images share (``base``,
+        ``build-base``) each make their own copy of those layers. The next build's cache then
+        holds two candidates for the same step, and the image built on the other copy comes out
+        new. Built in turn, the second image reuses the first one's layers."""
         before = {image: self.engine.image_id(image) for image in BUILT.values()}
         started = time.monotonic()
-        self.compose("build", *BUILT, timeout=3600)
+        for service in BUILT:
+            self.compose("build", service, timeout=3600)
         self.timings.setdefault("build", time.monotonic() - started)
         built = {image: self.engine.image_id(image) or "" for image in BUILT.values()}
         if self.engine.name == "podman":
