@@ -143,14 +143,17 @@ def _images(n: int, cameras: dict[str, tuple[int, int]]) -> list[dict[str, np.nd
             for _ in range(n)]
 
 
+def metric_values(metrics_url: str, *names: str) -> list[float]:
+    """The samples ``names`` of a policy server's ``/metrics`` (0 where absent), from one read."""
+    text = httpx.get(metrics_url, timeout=10).text
+    matches = (re.search(rf"^{name}\S* (\S+)$", text, re.MULTILINE) for name in names)
+    return [float(match.group(1)) if match else 0.0 for match in matches]
+
+
 def histogram(metrics_url: str, name: str) -> tuple[float, float]:
     """(sum, count) of one histogram of a policy server's ``/metrics``."""
-    text = httpx.get(metrics_url, timeout=10).text
-    values = {}
-    for part in ("sum", "count"):
-        match = re.search(rf"^{name}_{part}\S* (\S+)$", text, re.MULTILINE)
-        values[part] = float(match.group(1)) if match else 0.0
-    return values["sum"], values["count"]
+    total, count = metric_values(metrics_url, f"{name}_sum", f"{name}_count")
+    return total, count
 
 
 async def _closed_loop(worker, concurrency: int, seconds: float) -> Window:
@@ -231,12 +234,6 @@ def cpu_seconds(roles: dict[str, list[psutil.Process]]) -> dict[str, float]:
                 continue
         out[role] = total
     return out
-
-
-def _metric(metrics_url: str, name: str) -> float:
-    text = httpx.get(metrics_url, timeout=10).text
-    match = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
 
 
 class RawEngine:
@@ -328,7 +325,7 @@ def _side_cpu(side: str, roles: dict[str, list[psutil.Process]], bench_only: dic
     cpu = cpu_seconds(roles)
     if side != "server":  # raw: its front end is this process
         return {"benchmark process": cpu["owner"], "engine core": cpu["engine core"], "workers": cpu["workers"]}
-    encoder = _metric(clients.metrics_url, "evalforge_policy_encoder_cpu_seconds_total")
+    [encoder] = metric_values(clients.metrics_url, "evalforge_policy_encoder_cpu_seconds_total")
     return {"benchmark process": cpu_seconds(bench_only)["owner"], "serving process": cpu["owner"],
             "of which encoder": encoder, "engine core": cpu["engine core"], "workers": cpu["workers"]}
 
