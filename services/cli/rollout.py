@@ -1,6 +1,7 @@
 """The rollout command: evaluate a policy checkpoint on a suite, sequentially, in one process.
 
     evalforge rollout --checkpoint DIR --suite SUITE --episodes-per-task N [--policy-server URL]
+    evalforge rollout --expert --suite SUITE --episodes-per-task N   (the scripted expert, same seeds)
     trainer rollout ...                      (the same command: `trainer` hands over to this module)
     python -m services.cli.rollout ...
 
@@ -12,6 +13,8 @@ demonstration seed, and the same loop as the distributed workers
 its Wilson 95% interval, computed as the evaluation API computes it (simulator
 failures recorded, left out of the rate) — and ``--json`` also writes it. This is
 the sequential reference the distributed evaluation is measured against.
+``--expert`` plays the suite's scripted expert on the same seeds instead (no server):
+the baseline a policy's per-task success is read against.
 
 It needs no database or broker: only the policy client and the launcher that runs
 ``policy-server`` as a subprocess (both in ``services.protocol``), and the suites.
@@ -38,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", help="comma-separated subset of the suite's tasks")
     parser.add_argument("--policy-server", metavar="URL", help="ws://host:port/ws of a running policy server")
     parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="engine of the server started here")
+    parser.add_argument("--expert", action="store_true",
+                        help="play the suite's scripted expert instead of a policy (no server): the baseline "
+                             "on the same evaluation seeds")
     parser.add_argument("--max-steps", type=int, help="override the suite's step limit per episode")
     parser.add_argument("--first-episode", type=int, default=0,
                         help="index of the first evaluation seed (episode i uses evaluation_seed(first + i))")
@@ -82,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from benchmarks.registry import get_suite
     from benchmarks.suite import SuiteError
     from services.supervisor import PolicyServerProcess
-    from services.workers.rollout import PolicyMismatch, rollout, summarize
+    from services.workers.rollout import PolicyMismatch, expert_rollout, rollout, summarize
 
     try:
         suite = get_suite(args.suite)
@@ -91,11 +97,18 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"{args.prog}: {exc}") from None
     if args.episodes_per_task < 1:
         raise SystemExit(f"{args.prog}: --episodes-per-task must be at least 1")
-    if args.policy_server is None and args.checkpoint is None:
-        raise SystemExit(f"{args.prog}: give --checkpoint (a server is started on it) or --policy-server URL")
+    if args.expert:
+        if args.policy_server or args.checkpoint:
+            raise SystemExit(f"{args.prog}: --expert plays the suite's scripted expert; leave out --checkpoint "
+                             "and --policy-server")
+        if not suite.has_expert:
+            raise SystemExit(f"{args.prog}: suite {suite.name} has no scripted expert: {suite.no_expert_reason}")
+    elif args.policy_server is None and args.checkpoint is None:
+        raise SystemExit(f"{args.prog}: give --checkpoint (a server is started on it), --policy-server URL "
+                         "or --expert")
 
     server = None
-    if not args.policy_server:
+    if not args.policy_server and not args.expert:
         server = PolicyServerProcess(args.checkpoint, "--engine", args.engine, "--engine-core", "compute",
                                      log_dir=args.checkpoint)  # the simulator runs on this host too
         try:
@@ -115,8 +128,13 @@ def run(args: argparse.Namespace) -> int:
                 begun.append(seed)
                 progress.update(bar, description=f"{task} seed {seed}")
 
-            results = rollout(args.policy_server or server.ws_url, args.suite, tasks, args.episodes_per_task,
-                              max_steps=args.max_steps, first_episode=args.first_episode, on_episode=on_episode)
+            if args.expert:
+                results = expert_rollout(args.suite, tasks, args.episodes_per_task, max_steps=args.max_steps,
+                                         first_episode=args.first_episode, on_episode=on_episode)
+            else:
+                results = rollout(args.policy_server or server.ws_url, args.suite, tasks, args.episodes_per_task,
+                                  max_steps=args.max_steps, first_episode=args.first_episode,
+                                  on_episode=on_episode)
             progress.update(bar, completed=len(results))
     except PolicyMismatch as exc:
         raise SystemExit(f"{args.prog}: {exc}") from None
@@ -125,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
             server.stop()
     elapsed = time.perf_counter() - started
     rows = summarize(results, tasks)
-    print_summary(rows, f"{args.suite}: {len(results)} episodes in {elapsed:.0f} s "
+    who = "the scripted expert, " if args.expert else ""
+    print_summary(rows, f"{args.suite}: {who}{len(results)} episodes in {elapsed:.0f} s "
                         f"({len(results) / elapsed * 60:.1f} episodes/min)")
     if args.json:
         args.json.write_text(json.dumps({"suite": args.suite, "elapsed_s": elapsed, "summary": rows,

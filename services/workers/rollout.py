@@ -69,6 +69,41 @@ def rollout(url: str, suite_name: str, tasks: list[str], episodes_per_task: int,
     bar). ``inference`` is an evaluation's inference settings (``services.protocol.ensemble``). Raises ``PolicyMismatch`` before the first episode if the policy at ``url``
     does not fit the suite.
     """
+    with PolicyClient(url) as client:
+        check_policy_fits_suite(client, suite_name, tasks)
+        cameras = client.metadata.cameras  # what the policy asks to see, rendered only when it infers
+
+        def policy_for(env: EpisodeEnv, task: str, seed: int) -> tuple[Callable, list[float]]:
+            broker = make_broker(client, inference, episode_id=f"rollout-{task}-{seed}")
+            return observing_policy(env, broker, cameras), broker.latencies_s
+
+        return _play(suite_name, tasks, episodes_per_task, policy_for, max_steps=max_steps,
+                     first_episode=first_episode, on_episode=on_episode)
+
+
+def expert_rollout(suite_name: str, tasks: list[str], episodes_per_task: int, *,
+                   max_steps: int | None = None, first_episode: int = 0,
+                   on_episode: Callable[[str, int], None] | None = None) -> list[dict]:
+    """``rollout`` with the suite's scripted expert in place of a policy server: the baseline a
+    policy's success is read against, on the same evaluation seeds. The expert sees
+    ``env.expert_observation()`` (a pixel suite's hidden goal included) and renders nothing.
+    ``benchmarks.suite.NoExpertError`` if the suite has none."""
+    suite = get_suite(suite_name)
+    experts = {task: suite.expert(task) for task in tasks}  # fails before any episode if there is none
+
+    def policy_for(env: EpisodeEnv, task: str, seed: int) -> tuple[Callable, list[float]]:
+        return (lambda _obs: experts[task](env.expert_observation())), []
+
+    return _play(suite_name, tasks, episodes_per_task, policy_for, max_steps=max_steps,
+                 first_episode=first_episode, on_episode=on_episode)
+
+
+def _play(suite_name: str, tasks: list[str], episodes_per_task: int,
+          policy_for: Callable[[EpisodeEnv, str, int], tuple[Callable, list[float]]], *,
+          max_steps: int | None, first_episode: int,
+          on_episode: Callable[[str, int], None] | None) -> list[dict]:
+    """The episodes of ``rollout``: ``policy_for(env, task, seed)`` gives each its policy and
+    the list its action latencies (seconds) are appended to."""
     suite = get_suite(suite_name)
     results: list[dict] = []
 
@@ -78,32 +113,29 @@ def rollout(url: str, suite_name: str, tasks: list[str], episodes_per_task: int,
             env.max_steps = max_steps
         return env
 
-    with PolicyClient(url) as client:
-        check_policy_fits_suite(client, suite_name, tasks)
-        cameras = client.metadata.cameras  # what the policy asks to see, rendered only when it infers
-        for task in tasks:
-            env = make_env(task)
-            try:
-                for i in range(episodes_per_task):
-                    seed = evaluation_seed(first_episode + i)
-                    if on_episode is not None:
-                        on_episode(task, seed)
-                    broker = make_broker(client, inference, episode_id=f"rollout-{task}-{seed}")
-                    started = time.perf_counter()
-                    try:
-                        outcome = run_policy_episode(env, observing_policy(env, broker, cameras), seed=seed)
-                        result = {**asdict(outcome), "failure_reason": None, "error_message": None}
-                    except EnvFailure as exc:  # the simulator's fault: recorded, left out of the rates
-                        result = {"task": task, "seed": seed, "success": False, "total_reward": None,
-                                  "steps": None, "duration_s": time.perf_counter() - started,
-                                  "failure_reason": FailureReason.ENV_ERROR.value, "error_message": str(exc)}
-                        env.close()
-                        env = make_env(task)
-                    latency_mean_ms, latency_p95_ms = latency_summary_ms(broker.latencies_s)
-                    results.append({**result, "inferences": len(broker.latencies_s),
-                                    "latency_mean_ms": latency_mean_ms, "latency_p95_ms": latency_p95_ms})
-            finally:
-                env.close()
+    for task in tasks:
+        env = make_env(task)
+        try:
+            for i in range(episodes_per_task):
+                seed = evaluation_seed(first_episode + i)
+                if on_episode is not None:
+                    on_episode(task, seed)
+                policy, latencies = policy_for(env, task, seed)
+                started = time.perf_counter()
+                try:
+                    outcome = run_policy_episode(env, policy, seed=seed)
+                    result = {**asdict(outcome), "failure_reason": None, "error_message": None}
+                except EnvFailure as exc:  # the simulator's fault: recorded, left out of the rates
+                    result = {"task": task, "seed": seed, "success": False, "total_reward": None,
+                              "steps": None, "duration_s": time.perf_counter() - started,
+                              "failure_reason": FailureReason.ENV_ERROR.value, "error_message": str(exc)}
+                    env.close()
+                    env = make_env(task)
+                latency_mean_ms, latency_p95_ms = latency_summary_ms(latencies)
+                results.append({**result, "inferences": len(latencies),
+                                "latency_mean_ms": latency_mean_ms, "latency_p95_ms": latency_p95_ms})
+        finally:
+            env.close()
     return results
 
 

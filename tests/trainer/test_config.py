@@ -25,6 +25,7 @@ RECIPES = {
     "vla-mt10.yaml": (VLAConfig, []),
     "vla-reach-pixels.yaml": (VLAConfig, []),
     "vla-reach-pixels-state.yaml": (VLAConfig, []),
+    "vla-mt10-pixels.yaml": (VLAConfig, []),
 }
 
 

@@ -136,6 +136,33 @@ def test_rollout_refuses_a_policy_for_another_suite(policy_server):
                         "--policy-server", policy_server.ws_url])
 
 
+def test_the_expert_rollout_plays_the_scripted_expert_on_the_evaluation_seeds(tmp_path, capsys):
+    report = tmp_path / "expert.json"
+    assert rollout_main(["--expert", "--suite", "metaworld-mt1-reach-pixels", "--episodes-per-task", "2",
+                         "--json", str(report)]) == 0
+    assert "the scripted expert" in capsys.readouterr().out
+    episodes = json.loads(report.read_text())["episodes"]
+    assert [e["seed"] for e in episodes] == [evaluation_seed(0), evaluation_seed(1)]
+    # the pixel suite hides the goal from the policy's state: only the expert's own observation
+    # (env.expert_observation) lets it reach the goal, and it renders nothing, calls no server
+    assert all(e["success"] and e["inferences"] == 0 for e in episodes)
+    suite = get_suite("metaworld-mt1-reach-pixels")
+    with suite.make_env("reach-v3", 0) as env:
+        alone = run_policy_episode(env, lambda _obs: suite.expert("reach-v3")(env.expert_observation()),
+                                   seed=evaluation_seed(1))
+    assert alone.steps == episodes[1]["steps"]
+
+
+def test_the_expert_rollout_refuses_a_server_and_a_suite_without_an_expert():
+    with pytest.raises(SystemExit, match="leave out --checkpoint and --policy-server"):
+        rollout_main(["--expert", "--suite", "metaworld-mt1-reach", "--episodes-per-task", "1",
+                      "--policy-server", "ws://127.0.0.1:1/ws"])
+    with pytest.raises(SystemExit, match="libero-goal has no scripted expert"):
+        rollout_main(["--expert", "--suite", "libero-goal", "--episodes-per-task", "1"])
+    with pytest.raises(SystemExit, match="or --expert"):
+        rollout_main(["--suite", "metaworld-mt1-reach", "--episodes-per-task", "1"])
+
+
 def test_rollout_names_close_suites_for_a_typo():
     with pytest.raises(SystemExit, match="did you mean: metaworld-mt1-reach"):
         rollout_main(["--suite", "metaworld-reach", "--episodes-per-task", "1", "--policy-server",
