@@ -93,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         suite = get_suite(args.suite)
         tasks = [suite.task(t.strip()).name for t in args.tasks.split(",")] if args.tasks else suite.task_names
+        if args.expert:
+            suite.expert(tasks[0])  # NoExpertError (a SuiteError) says why a suite has none
     except SuiteError as exc:
         raise SystemExit(f"{args.prog}: {exc}") from None
     if args.episodes_per_task < 1:
@@ -101,8 +103,6 @@ def run(args: argparse.Namespace) -> int:
         if args.policy_server or args.checkpoint:
             raise SystemExit(f"{args.prog}: --expert plays the suite's scripted expert; leave out --checkpoint "
                              "and --policy-server")
-        if not suite.has_expert:
-            raise SystemExit(f"{args.prog}: suite {suite.name} has no scripted expert: {suite.no_expert_reason}")
     elif args.policy_server is None and args.checkpoint is None:
         raise SystemExit(f"{args.prog}: give --checkpoint (a server is started on it), --policy-server URL "
                          "or --expert")

@@ -27,7 +27,7 @@ import numpy as np
 
 from benchmarks.registry import get_suite
 from benchmarks.runner import EnvFailure, run_policy_episode
-from benchmarks.suite import EpisodeEnv, evaluation_seed
+from benchmarks.suite import EpisodeEnv, Suite, evaluation_seed
 from services.protocol.client import PolicyClient, latency_summary_ms
 from services.protocol.ensemble import make_broker
 from services.store import aggregates
@@ -77,7 +77,7 @@ def rollout(url: str, suite_name: str, tasks: list[str], episodes_per_task: int,
             broker = make_broker(client, inference, episode_id=f"rollout-{task}-{seed}")
             return observing_policy(env, broker, cameras), broker.latencies_s
 
-        return _play(suite_name, tasks, episodes_per_task, policy_for, max_steps=max_steps,
+        return _play(get_suite(suite_name), tasks, episodes_per_task, policy_for, max_steps=max_steps,
                      first_episode=first_episode, on_episode=on_episode)
 
 
@@ -94,17 +94,16 @@ def expert_rollout(suite_name: str, tasks: list[str], episodes_per_task: int, *,
     def policy_for(env: EpisodeEnv, task: str, seed: int) -> tuple[Callable, list[float]]:
         return (lambda _obs: experts[task](env.expert_observation())), []
 
-    return _play(suite_name, tasks, episodes_per_task, policy_for, max_steps=max_steps,
+    return _play(suite, tasks, episodes_per_task, policy_for, max_steps=max_steps,
                  first_episode=first_episode, on_episode=on_episode)
 
 
-def _play(suite_name: str, tasks: list[str], episodes_per_task: int,
+def _play(suite: Suite, tasks: list[str], episodes_per_task: int,
           policy_for: Callable[[EpisodeEnv, str, int], tuple[Callable, list[float]]], *,
           max_steps: int | None, first_episode: int,
           on_episode: Callable[[str, int], None] | None) -> list[dict]:
     """The episodes of ``rollout``: ``policy_for(env, task, seed)`` gives each its policy and
     the list its action latencies (seconds) are appended to."""
-    suite = get_suite(suite_name)
     results: list[dict] = []
 
     def make_env(task: str) -> EpisodeEnv:
