@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import re
+import socket
 import urllib.request
 
 from services.stack import build_specs, busy_ports, parse_checkpoints
 from services.supervisor import free_port
-from tests.workers.test_stack import UpProcess, _assert_finished
+from tests.workers.test_stack import UpProcess, _assert_finished, consecutive_free_ports
 
 
 def _args(**overrides) -> argparse.Namespace:
@@ -30,9 +31,7 @@ def test_replicas_take_consecutive_ports_and_one_process_each(reach_checkpoint):
 
 
 def test_a_taken_replica_port_is_named(reach_checkpoint, tmp_path):
-    import socket
-
-    first = free_port()
+    first = consecutive_free_ports(2)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", first + 1))
         taken.listen()
