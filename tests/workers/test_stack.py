@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from services.client import EvalForgeClient
 from services.eval_api.schemas import EvaluationDetail
+from services.stack import port_is_free
 from services.supervisor import ChildProcess, ProcessSpec, Supervisor, free_port
 from tests.workers.conftest import MAX_STEPS, REPO, SUITE, wait_for
 
@@ -99,39 +99,28 @@ def test_stop_all_leaves_no_grandchild_behind(tmp_path):
 
 # -- `evalforge up` ------------------------------------------------------------------------------
 
-def _replicas(extra: tuple[str, ...]) -> int:
-    return int(extra[extra.index("--replicas") + 1]) if "--replicas" in extra else 1
-
-
 def consecutive_free_ports(count: int) -> int:
-    """The first of ``count`` consecutive ports free on 127.0.0.1 now: a kernel-picked free port + 1 may be
-    held by another test's server (the replica-port failure CI saw)."""
+    """The first of ``count`` consecutive ports free on 127.0.0.1 now, by the check ``evalforge up``
+    makes: a kernel-picked free port + 1 may be held by another test's server (the replica-port
+    failure CI saw)."""
     for _ in range(100):
-        first, held = free_port(), []
-        try:
-            for port in range(first, first + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
+        first = free_port()
+        if all(port_is_free("127.0.0.1", port) for port in range(first, first + count)):
             return first
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
     raise RuntimeError(f"no {count} consecutive free ports in 100 tries")
 
 
 class UpProcess:
     """``evalforge up`` as a user runs it, on free ports, with its run directory under ``tmp_path``."""
 
-    def __init__(self, tmp_path: Path, checkpoint: Path, env: dict[str, str], *extra: str) -> None:
+    def __init__(self, tmp_path: Path, checkpoint: Path, env: dict[str, str], *extra: str, replicas: int = 1) -> None:
         self.run_dir = tmp_path / "stack"
         base = {k: v for k, v in os.environ.items()
                 if k not in ("DATABASE_URL", "REDIS_URL", "EVALFORGE_BROKER_URL")}
         command = [sys.executable, "-m", "services.cli", "up", "--checkpoint", f"reach={checkpoint}",
                    "--engine", "hf", "--run-dir", str(self.run_dir), "--port", str(free_port()),
-                   "--policy-port", str(consecutive_free_ports(_replicas(extra))), "--concurrency", "1", "--grace", "15", *extra]
+                   "--policy-port", str(consecutive_free_ports(replicas)), "--replicas", str(replicas),
+                   "--concurrency", "1", "--grace", "15", *extra]
         # SIGTERM to its group reaches `evalforge up` alone (its children lead groups of their own),
         # which then stops them: as a user's Ctrl-C or `kill` does.
         self.process = ChildProcess(command, tmp_path / "up.log", env={**base, **env}, cwd=tmp_path,

@@ -49,7 +49,7 @@ def _infers(endpoint: str) -> int:
 
 def test_up_with_two_replicas_registers_one_policy_served_by_both(tmp_path, reach_checkpoint):
     up = UpProcess(tmp_path, reach_checkpoint, {"DATABASE_URL": f"sqlite:///{tmp_path / 'evalforge.db'}"},
-                   "--replicas", "2")
+                   replicas=2)
     try:
         state = up.wait_ready()
         entry = state["policies"][0]
