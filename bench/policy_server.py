@@ -11,6 +11,10 @@ metaworld-mt1-reach-pixels, 64 bins), at 1, 8, 32 and 64 concurrent clients, in 
   mixed token/embedding prompts the server would build (``VllmEngine.engine_input``
   with the vision tower's rows for the same images), made once up front: no
   encoder, no codec, no event loop of the server's in its way;
+- raw + encoder (vision only): the same raw engine, but each request first waits for its
+  image rows from the policy's ``BatchedVisionEncoder`` running in this process, as a
+  caller driving vLLM directly with this policy must. Not the ceiling: server / this side
+  is what the serving layer itself costs, apart from the encoder's compute;
 - server: ``policy-server`` (vLLM engine) over WebSocket, one connection per client;
 - one-at-a-time: ``policy-server --engine hf`` over WebSocket, the openpi design.
 
@@ -77,6 +81,11 @@ SETTLE_S = 1.5  # vLLM's idle processes poll their queues for 1 s after the last
 # policy-server does by default) or "compute" (its worker's cores: policy-server --engine-core compute,
 # what evalforge up uses next to simulators). The better of the two is the ceiling.
 RAW_PLACEMENTS = {"raw, engine core anywhere": "anywhere", "raw, engine core on compute cores": "compute"}
+# A vision policy's third raw side: the raw engine with the policy's encoder run in this process for
+# every request (the server's BatchedVisionEncoder, on its own thread), its engine core where vLLM
+# leaves it, as the server's is. It is not the ceiling (raw is): it is what a caller driving vLLM
+# directly with this policy pays, so server / this side is the serving layer's own cost.
+RAW_ENCODING = "raw + encoder, engine core anywhere"
 STATE_DIM, ACTION_DIM, CHUNK = 39, 4, 4
 TASKS = "reach-v3,push-v3,pick-place-v3"
 # The vision policy: configs/vla-reach-pixels.yaml's shape (random weights: throughput does not depend on them).
@@ -251,6 +260,8 @@ class RawEngine:
         self.prompts = [tokenizer.prompt(tasks[i % len(tasks)], s)
                         for i, s in enumerate(_states(OBSERVATIONS, tokenizer.state_dim))]
         self.prepared: list[object] | None = None
+        self.pixels: list[np.ndarray] = []  # a vision policy's model inputs per observation (RAW_ENCODING)
+        self.encoder = None  # its BatchedVisionEncoder, alive for RAW_ENCODING's windows
         self.batch = [0.0, 0.0]  # (sum, count) of the engine's batch sizes
         self.engine.on_batch = self._count_batch
         self.ids = itertools.count()
@@ -265,11 +276,10 @@ class RawEngine:
             from policy_format import pixel_values
             from services.policy_server.vision import BatchedVisionEncoder, load_vision_tower
 
-            encoder = BatchedVisionEncoder(load_vision_tower(self.spec))
+            self.encoder = BatchedVisionEncoder(load_vision_tower(self.spec))
             cameras = self.spec.card.cameras
-            rows = [encoder.forward(pixel_values(images, cameras)).flatten(0, 1)  # what encode() hands a request
-                    for images in _images(OBSERVATIONS, self.spec.card.camera_sizes)]
-            encoder.close()
+            self.pixels = [pixel_values(images, cameras) for images in _images(OBSERVATIONS, self.spec.card.camera_sizes)]
+            rows = [self.encoder.forward(p).flatten(0, 1) for p in self.pixels]  # what encode() hands a request
             self.prepared = [self.engine.engine_input(p, r) for p, r in zip(self.prompts, rows, strict=True)]
         await self.request(0)
         return self
@@ -281,7 +291,18 @@ class RawEngine:
         async for _ in self.engine.llm.generate(prompt, params, request_id=f"raw-{next(self.ids)}"):
             pass
 
+    async def request_encoding(self, i: int) -> None:
+        """One request of RAW_ENCODING: the observation's rows from the encoder, then the engine."""
+        params = self.engine.sampling_params(0.0, None)
+        k = i % len(self.prompts)
+        rows = await self.encoder.encode(self.pixels[k])
+        async for _ in self.engine.llm.generate(self.engine.engine_input(self.prompts[k], rows), params,
+                                                request_id=f"raw-{next(self.ids)}"):
+            pass
+
     async def close(self) -> None:
+        if self.encoder is not None:
+            self.encoder.close()
         await self.engine.close()
 
 
@@ -320,11 +341,14 @@ class ServerClients:
 
 
 def _side_cpu(side: str, roles: dict[str, list[psutil.Process]], bench_only: dict[str, list[psutil.Process]],
-              clients: ServerClients) -> dict[str, float]:
+              clients: ServerClients, raw: RawEngine) -> dict[str, float]:
     """CPU seconds so far of one side's processes, by CPU_ROLES."""
     cpu = cpu_seconds(roles)
-    if side != "server":  # raw: its front end is this process
-        return {"benchmark process": cpu["owner"], "engine core": cpu["engine core"], "workers": cpu["workers"]}
+    if side != "server":  # raw: its front end (and RAW_ENCODING's encoder) is this process
+        out = {"benchmark process": cpu["owner"], "engine core": cpu["engine core"], "workers": cpu["workers"]}
+        if side == RAW_ENCODING:
+            out["of which encoder"] = raw.encoder.cpu_seconds
+        return out
     [encoder] = metric_values(clients.metrics_url, "evalforge_policy_encoder_cpu_seconds_total")
     return {"benchmark process": cpu_seconds(bench_only)["owner"], "serving process": cpu["owner"],
             "of which encoder": encoder, "engine core": cpu["engine core"], "workers": cpu["workers"]}
@@ -359,7 +383,7 @@ async def compare(checkpoint: Path, settings: EngineSettings, levels: tuple[int,
                   rounds: int, one_at_a_time: bool = True) -> dict[str, dict[int, Cell]]:
     """Raw engine (both placements of its engine core) and server on one checkpoint, their windows in
     turns; then the one-at-a-time server alone. ``raw`` is the better raw placement per concurrency."""
-    out: dict[str, dict[int, Cell]] = {name: {} for name in (*RAW_PLACEMENTS, "server", "raw", "hf")}
+    out: dict[str, dict[int, Cell]] = {name: {} for name in (*RAW_PLACEMENTS, RAW_ENCODING, "server", "raw", "hf")}
     # The server starts first, from this process while it still has every core (the
     # raw engine moves this process onto the serving cores, and children inherit that).
     with PolicyServerProcess(checkpoint, "--log-level", "warning", *_server_args(settings)) as server:
@@ -375,7 +399,7 @@ async def compare(checkpoint: Path, settings: EngineSettings, levels: tuple[int,
         bench_only = {"owner": raw_roles["owner"]}
         try:
             for c in levels:
-                sides = [*RAW_PLACEMENTS, "server"]
+                sides = [*RAW_PLACEMENTS, *([RAW_ENCODING] if raw.encoder is not None else []), "server"]
                 windows: dict[str, list[Window]] = {name: [] for name in sides}
                 async with ServerClients(server, c) as clients:
                     await clients.request(0)
@@ -386,12 +410,13 @@ async def compare(checkpoint: Path, settings: EngineSettings, levels: tuple[int,
                             if name == "server":
                                 request, batch, roles = clients.request, clients.batch, server_roles
                             else:
-                                place_engine_core(psutil.Process(), RAW_PLACEMENTS[name])
-                                request, batch, roles = raw.request, lambda: tuple(raw.batch), raw_roles
+                                place_engine_core(psutil.Process(), RAW_PLACEMENTS.get(name, "anywhere"))
+                                request = raw.request_encoding if name == RAW_ENCODING else raw.request
+                                batch, roles = (lambda: tuple(raw.batch)), raw_roles
                             await asyncio.sleep(SETTLE_S)
-                            before, cpu_before = batch(), _side_cpu(name, roles, bench_only, clients)
+                            before, cpu_before = batch(), _side_cpu(name, roles, bench_only, clients, raw)
                             window = await _closed_loop(request, c, seconds)
-                            after, cpu_after = batch(), _side_cpu(name, roles, bench_only, clients)
+                            after, cpu_after = batch(), _side_cpu(name, roles, bench_only, clients, raw)
                             window.batch = (after[0] - before[0], after[1] - before[1])
                             window.cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_after}
                             windows[name].append(window)
@@ -514,6 +539,12 @@ async def main() -> None:
                   f"{h.p50_ms:.1f} / {h.p99_ms:.1f} | {_ratio(s.requests_per_s, h.requests_per_s)} |", flush=True)
         placements.append((size, {name: cells[name] for name in RAW_PLACEMENTS}))
         worst = min(server[c].requests_per_s / raw[c].requests_per_s for c in levels)
+        if cells[RAW_ENCODING]:
+            encoding = cells[RAW_ENCODING]
+            placements[-1][1][RAW_ENCODING] = encoding
+            worst_encoding = min(server[c].requests_per_s / encoding[c].requests_per_s for c in levels)
+            verdicts.append((f"{size}: server / raw + encoder, every concurrency (the serving layer's own cost; "
+                             "not the target)", f"worst {worst_encoding:.0%}", None))
         same = cells["raw, engine core on compute cores" if settings.engine_core_on_compute_cores
                      else "raw, engine core anywhere"]
         worst_same = min(server[c].requests_per_s / same[c].requests_per_s for c in levels)
@@ -531,7 +562,8 @@ async def main() -> None:
             verdicts.append(("25m: server ≥ 1.5× one-at-a-time at 32 clients", _ratio(server[32].requests_per_s,
                                                                                      hf[32].requests_per_s),
                              ratio >= 1.5))
-    print("\n# raw engine by placement of vLLM's engine-core process, req/s (the better one is *raw* above)")
+    print("\n# raw engine by placement of vLLM's engine-core process, req/s (the better one is *raw* above); "
+          "a vision policy's raw engine also with its encoder in the benchmark process (not a ceiling)")
     print("| policy | raw engine | " + " | ".join(f"{c} in flight" for c in levels) + " |")
     print("|---|---|" + "---:|" * len(levels))
     for size, by_placement in placements:
@@ -554,7 +586,9 @@ async def main() -> None:
     print("|---|---:|---|" + "---:|" * (len(CPU_ROLES) + 1))
     for size, cells in details:
         for c in levels:
-            for name in (*RAW_PLACEMENTS, "server"):
+            for name in (*RAW_PLACEMENTS, RAW_ENCODING, "server"):
+                if c not in cells[name]:
+                    continue
                 cpu = cells[name][c].cpu_ms
                 total = sum(v for role, v in cpu.items() if role != "of which encoder")
                 print(f"| {size} | {c} | {name} | " + " | ".join(f"{cpu[r]:.2f}" if r in cpu else "—" for r in CPU_ROLES)

@@ -9,12 +9,24 @@ scheduling window get — and (b) one ``forward`` per observation, as an unbatch
 Prints images/s of each and their ratio per N (best of ``--repeats``, interleaved ABAB so that
 load from other jobs hits both alike), and the hf engine's time for one chunk next to one
 image's encoder time (the encoder's share of a request's time).
+
+A third table (Linux, two cores or more) times one forward of a scheduling window's images
+(``--window``, 4 by default: what a window holds at 64 clients in ``bench/policy_server.py``)
+on the last core, alone and beside work that a policy server on a small host has beside its
+encoder: a Python busy loop and a one-thread torch matmul loop (vLLM's CPU worker) on another
+core, and a ``sched_yield()`` spinner (vLLM's engine core waiting on its worker) on the same
+core. On a host whose cores share a physical core's execution units (SMT siblings; a VM's
+vCPUs may be, whatever ``lscpu`` says) the other core's work slows the forward, which no
+placement of the encoder's thread avoids. Each helper is a process that stops by itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +42,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--counts", default="1,8,32,64")
+    parser.add_argument("--window", type=int, default=4, help="images per forward in the neighbours table")
     args = parser.parse_args()
 
     import torch
@@ -83,7 +96,63 @@ def main() -> None:
     one = min(_timed(lambda: encoder.forward(pixels[0])) for _ in range(args.repeats))
     print(f"hf engine, one chunk ({ckpt.tokenizer.action_len} tokens): {chunk * 1e3:.1f} ms; one image through the "
           f"encoder: {one * 1e3:.2f} ms ({one / (one + chunk):.0%} of the two)")
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        neighbours(encoder, np.concatenate(pixels[:args.window]), args.repeats)
     encoder.close()
+
+
+# Work beside the encoder, each a helper process: (name, its core: "other" or "same", its loop).
+# Each stops by itself after a minute, should this script die before it kills them.
+NEIGHBOURS = (
+    ("a busy loop on another core", "other", "while time.time() < deadline: pass"),
+    ("a torch matmul loop on another core (vLLM's worker)", "other",
+     "import torch; torch.set_num_threads(1); a = torch.randn(256, 256)\n"
+     "while time.time() < deadline: a @ a"),
+    ("a sched_yield() spinner on the same core (vLLM's engine core)", "same",
+     "while time.time() < deadline: os.sched_yield()"),
+)
+
+
+def neighbours(encoder, pixels: np.ndarray, repeats: int, forwards: int = 200) -> None:  # noqa: ANN001
+    """Time ``forwards`` encoder forwards of ``pixels`` on this process's last core, alone and beside
+    each of NEIGHBOURS (rounds interleaved, best of ``repeats``); print wall and CPU ms per forward."""
+    cores = sorted(os.sched_getaffinity(0))
+    mine, other = cores[-1], cores[0]
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {mine})
+
+    def timed() -> tuple[float, float]:
+        for _ in range(10):
+            encoder.forward(pixels)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(forwards):
+            encoder.forward(pixels)
+        return (time.perf_counter() - wall) / forwards * 1e3, (time.thread_time() - cpu) / forwards * 1e3
+
+    results: dict[str, list[tuple[float, float]]] = {"alone": [], **{name: [] for name, _, _ in NEIGHBOURS}}
+    try:
+        for _ in range(repeats):
+            results["alone"].append(timed())
+            for name, where, loop in NEIGHBOURS:
+                core = other if where == "other" else mine
+                code = (f"import os, time\nos.sched_setaffinity(0, {{{core}}})\ndeadline = time.time() + 60\n"
+                        f"{loop}")
+                helper = subprocess.Popen([sys.executable, "-c", code])
+                try:
+                    time.sleep(1.0)  # torch's import
+                    results[name].append(timed())
+                finally:
+                    helper.kill()
+                    helper.wait()
+    finally:
+        os.sched_setaffinity(0, before)
+    alone = min(w for w, _ in results["alone"])
+    print(f"\none forward of {len(pixels)} images on core {mine}, beside other work (best of {repeats}, "
+          f"{forwards} forwards each)")
+    print(f"{'beside':<62} {'wall ms':>8} {'CPU ms':>7} {'vs alone':>9}")
+    for name, rounds in results.items():
+        wall, cpu = min(rounds)
+        print(f"{name:<62} {wall:>8.3f} {cpu:>7.3f} {wall / alone:>8.2f}x")
 
 
 def _timed(fn) -> float:  # noqa: ANN001 - a thunk
