@@ -62,7 +62,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     counts = [int(c) for c in args.counts.split(",")]
     pixels = [pixel_values({"corner": rng.integers(0, 256, (args.image_size, args.image_size, 3), dtype=np.uint8)},
-                           ckpt.card.cameras) for _ in range(max(counts))]
+                           ckpt.card.cameras) for _ in range(max(*counts, args.window))]
 
     async def batched(n: int) -> float:
         start = time.perf_counter()

@@ -51,3 +51,47 @@ def test_vision_episodes_bench_runs_and_measures_every_part(tmp_path, postgres_u
     assert float(vision[2].split()[0]) > 0 and state[2] == "—"  # the frame's codec, measured
     assert float(vision[3]) > 0 and float(state[3]) == 0  # the server's encoder wait
     assert float(vision[4]) > 0 and float(state[4]) > 0  # the engine
+
+
+@pytest.mark.vllm
+def test_policy_server_bench_measures_the_vision_server_against_raw_and_raw_plus_encoder(tmp_path):
+    """``bench/policy_server.py --sizes vision`` at one short window: the server, both raw placements and
+    raw + encoder (the raw engine with the policy's encoder in the benchmark process) each finish
+    requests, and raw + encoder's CPU row carries its encoder's share. No timing is asserted."""
+    result = subprocess.run(
+        [sys.executable, "bench/policy_server.py", "--sizes", "vision", "--clients", "2", "--seconds", "1",
+         "--rounds", "1", "--no-one-at-a-time", "--workdir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=540)
+    assert result.returncode == 0, result.stderr[-3000:]
+    by_side = {cells[0]: float(cells[1]) for line in result.stdout.splitlines() if line.startswith("| vision | raw")
+               for cells in [[c.strip() for c in line.strip("|").split("|")][1:]]}
+    assert set(by_side) == {"raw, engine core anywhere", "raw, engine core on compute cores",
+                            "raw + encoder, engine core anywhere"}
+    assert all(rate > 0 for rate in by_side.values())
+    cpu = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()
+           if line.startswith("| vision | 2 | ")]
+    encoder_share = {row[2]: row[5] for row in cpu if len(row) == 9}
+    assert float(encoder_share["raw + encoder, engine core anywhere"]) > 0
+    assert float(encoder_share["server"]) > 0 and encoder_share["raw, engine core anywhere"] == "—"
+    assert "server / raw + encoder" in result.stdout
+
+
+def test_vision_encoder_bench_times_a_window_beside_other_work():
+    """``bench/vision_encoder.py`` at its smallest: its third table times a forward alone and beside each
+    neighbour, every figure measured."""
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the neighbours table needs two cores")
+    result = subprocess.run(
+        [sys.executable, "bench/vision_encoder.py", "--counts", "1", "--repeats", "1", "--window", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("one forward of 2 images"))
+    rows = lines[start + 2:start + 6]
+    assert [row.split("  ")[0] for row in rows] == [
+        "alone", "a busy loop on another core", "a torch matmul loop on another core (vLLM's worker)",
+        "a sched_yield() spinner on the same core (vLLM's engine core)"]
+    for row in rows:
+        wall, cpu, ratio = row.split()[-3:]
+        assert float(wall) > 0 and float(cpu) > 0 and ratio.endswith("x")
+    assert rows[0].split()[-1] == "1.00x"
