@@ -537,11 +537,11 @@ async def main() -> None:
                   f"{s.requests_per_s:.1f} | {s.actions_per_s:.0f} | {s.p50_ms:.1f} / {s.p99_ms:.1f} | "
                   f"{s.engine_p50_ms:.1f} | {s.requests_per_s / r.requests_per_s:.0%} | {h.requests_per_s:.1f} | "
                   f"{h.p50_ms:.1f} / {h.p99_ms:.1f} | {_ratio(s.requests_per_s, h.requests_per_s)} |", flush=True)
-        placements.append((size, {name: cells[name] for name in RAW_PLACEMENTS}))
+        raw_sides = [*RAW_PLACEMENTS, *([RAW_ENCODING] if cells[RAW_ENCODING] else [])]
+        placements.append((size, {name: cells[name] for name in raw_sides}))
         worst = min(server[c].requests_per_s / raw[c].requests_per_s for c in levels)
         if cells[RAW_ENCODING]:
             encoding = cells[RAW_ENCODING]
-            placements[-1][1][RAW_ENCODING] = encoding
             worst_encoding = min(server[c].requests_per_s / encoding[c].requests_per_s for c in levels)
             verdicts.append((f"{size}: server / raw + encoder, every concurrency (the serving layer's own cost; "
                              "not the target)", f"worst {worst_encoding:.0%}", None))

@@ -15,9 +15,9 @@ A third table (Linux, two cores or more) times one forward of a scheduling windo
 on the last core, alone and beside work that a policy server on a small host has beside its
 encoder: a Python busy loop and a one-thread torch matmul loop (vLLM's CPU worker) on another
 core, and a ``sched_yield()`` spinner (vLLM's engine core waiting on its worker) on the same
-core. On a host whose cores share a physical core's execution units (SMT siblings; a VM's
-vCPUs may be, whatever ``lscpu`` says) the other core's work slows the forward, which no
-placement of the encoder's thread avoids. Each helper is a process that stops by itself.
+core. What the other core's work costs the forward is a slowdown that no placement of the
+encoder's thread avoids (docs/benchmarks.md has the figures). Each helper is a process that
+stops by itself.
 """
 
 from __future__ import annotations
@@ -116,9 +116,9 @@ NEIGHBOURS = (
 def neighbours(encoder, pixels: np.ndarray, repeats: int, forwards: int = 200) -> None:  # noqa: ANN001
     """Time ``forwards`` encoder forwards of ``pixels`` on this process's last core, alone and beside
     each of NEIGHBOURS (rounds interleaved, best of ``repeats``); print wall and CPU ms per forward."""
-    cores = sorted(os.sched_getaffinity(0))
-    mine, other = cores[-1], cores[0]
     before = os.sched_getaffinity(0)
+    cores = sorted(before)
+    mine, other = cores[-1], cores[0]
     os.sched_setaffinity(0, {mine})
 
     def timed() -> tuple[float, float]:

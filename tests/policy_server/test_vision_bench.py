@@ -18,17 +18,21 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
-def _rows(output: str, header_start: str) -> dict[str, list[str]]:
-    """The markdown table whose header begins with ``header_start``: first cell → the other cells."""
+def _table(output: str, header_start: str) -> list[list[str]]:
+    """The cells of each row of the markdown table whose header begins with ``header_start``."""
     lines = output.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
-    rows = {}
+    rows = []
     for line in lines[start + 2:]:
         if not line.startswith("|"):
             break
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = cells[1:]
+        rows.append([c.strip() for c in line.strip("|").split("|")])
     return rows
+
+
+def _rows(output: str, header_start: str) -> dict[str, list[str]]:
+    """The same table keyed by its rows' first cell: first cell → the other cells."""
+    return {cells[0]: cells[1:] for cells in _table(output, header_start)}
 
 
 def test_vision_episodes_bench_runs_and_measures_every_part(tmp_path, postgres_url):
@@ -63,14 +67,11 @@ def test_policy_server_bench_measures_the_vision_server_against_raw_and_raw_plus
          "--rounds", "1", "--no-one-at-a-time", "--workdir", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=540)
     assert result.returncode == 0, result.stderr[-3000:]
-    by_side = {cells[0]: float(cells[1]) for line in result.stdout.splitlines() if line.startswith("| vision | raw")
-               for cells in [[c.strip() for c in line.strip("|").split("|")][1:]]}
+    by_side = {row[1]: float(row[2]) for row in _table(result.stdout, "| policy | raw engine |")}
     assert set(by_side) == {"raw, engine core anywhere", "raw, engine core on compute cores",
                             "raw + encoder, engine core anywhere"}
     assert all(rate > 0 for rate in by_side.values())
-    cpu = [[c.strip() for c in line.strip("|").split("|")] for line in result.stdout.splitlines()
-           if line.startswith("| vision | 2 | ")]
-    encoder_share = {row[2]: row[5] for row in cpu if len(row) == 9}
+    encoder_share = {row[2]: row[5] for row in _table(result.stdout, "| policy | clients | side |")}
     assert float(encoder_share["raw + encoder, engine core anywhere"]) > 0
     assert float(encoder_share["server"]) > 0 and encoder_share["raw, engine core anywhere"] == "—"
     assert "server / raw + encoder" in result.stdout
